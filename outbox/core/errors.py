@@ -1,0 +1,58 @@
+"""The one error hierarchy of the project: a root and a subclass per failure domain."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "EventError",
+    "InvalidIdentifierError",
+    "OutboxError",
+    "PayloadTooLargeError",
+    "PayloadTypeError",
+    "TransactionRequiredError",
+    "UnsupportedTransactionError",
+]
+
+
+class OutboxError(Exception):
+    """Root of every error this project raises on purpose."""
+
+
+class ConfigurationError(OutboxError, ValueError):
+    """A setting is missing or invalid; the message names the setting and the fix."""
+
+
+class InvalidIdentifierError(ConfigurationError):
+    """A schema, table or other SQL name from configuration is not a plain identifier."""
+
+
+class EventError(OutboxError, ValueError):
+    """An event field (aggregate type, aggregate id, event type, header...) is invalid."""
+
+
+class PayloadTypeError(OutboxError, TypeError):
+    """A payload value cannot be encoded as JSON; ``path`` names where it is."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class PayloadTooLargeError(OutboxError, ValueError):
+    """The encoded payload is larger than the configured maximum."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class TransactionRequiredError(OutboxError):
+    """The connection is in autocommit mode or not inside a transaction.
+
+    An outbox event written there would be atomic with nothing, so it is refused.
+    """
+
+
+class UnsupportedTransactionError(OutboxError, TypeError):
+    """The object passed as the transaction is not one the SDK knows how to use."""

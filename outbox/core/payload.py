@@ -1,0 +1,151 @@
+"""Encoding of event payloads (and headers) to the JSON text stored in the outbox.
+
+What is accepted, and how it is written:
+
+========================  ==================================================
+Python value               JSON
+========================  ==================================================
+``None``, ``bool``         ``null``, ``true``/``false``
+``int``                    number
+``float`` (finite)         number; ``nan`` and ``inf`` are refused
+``str``                    string; NUL characters and lone surrogates are refused
+                           (PostgreSQL's ``jsonb`` cannot store them)
+``Decimal`` (finite)       string with the exact digits, e.g. ``"12.30"``
+``datetime``, ``date``,    ISO 8601 string (``datetime.isoformat()``)
+``time``
+``UUID``                   string in canonical form
+``Enum``                   its ``value``, encoded by these same rules
+dataclass instance         object of its fields
+pydantic model             ``model_dump(mode="json")``
+``dict`` with ``str`` keys object
+``list``, ``tuple``        array
+========================  ==================================================
+
+Anything else raises :class:`PayloadTypeError` whose message and ``path`` name the field,
+for example ``payload.items[2].price``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from outbox.core.errors import PayloadTooLargeError, PayloadTypeError
+
+__all__ = ["JsonValue", "encode_json", "to_json_value"]
+
+JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+
+
+def encode_json(value: object, *, root: str = "payload", max_bytes: int | None = None) -> str:
+    """Encode ``value`` to compact JSON text; refuse it if larger than ``max_bytes`` (UTF-8)."""
+    text = json.dumps(
+        to_json_value(value, root), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    )
+    if max_bytes is not None:
+        # A str's UTF-8 size is at most 4 bytes per character: skip the encode when it fits anyway.
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        if size > max_bytes:
+            raise PayloadTooLargeError(
+                f"{root} is {size} bytes of JSON, over the limit of {max_bytes} bytes: "
+                "send a reference to the data instead, or raise OUTBOX_MAX_PAYLOAD_BYTES",
+                size=size,
+                limit=max_bytes,
+            )
+    return text
+
+
+def to_json_value(value: object, path: str = "payload") -> JsonValue:
+    """Convert ``value`` to plain JSON types, or raise naming the path of the bad field."""
+    # The common types first: this runs for every field of every event.
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        _check_text(value, path)
+        return value
+    if isinstance(value, int) and not isinstance(value, enum.Enum):
+        return int(value)
+    if isinstance(value, float) and not isinstance(value, enum.Enum):
+        if not math.isfinite(value):
+            raise PayloadTypeError(
+                f"{path} is {value!r}, which JSON cannot represent: use a finite number or None",
+                path=path,
+            )
+        return float(value)
+    if isinstance(value, Mapping):
+        return _mapping_to_json(value, path)
+    if isinstance(value, list | tuple):
+        return [to_json_value(item, f"{path}[{index}]") for index, item in enumerate(value)]
+    return _special_to_json(value, path)
+
+
+def _mapping_to_json(value: Mapping[Any, Any], path: str) -> dict[str, JsonValue]:
+    result: dict[str, JsonValue] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise PayloadTypeError(
+                f"{path} has the key {key!r} of type {type(key).__name__}: "
+                "JSON object keys must be str",
+                path=path,
+            )
+        _check_text(key, f"{path} key {key!r}")
+        result[key] = to_json_value(item, f"{path}.{key}")
+    return result
+
+
+def _special_to_json(value: object, path: str) -> JsonValue:
+    if isinstance(value, enum.Enum):
+        return to_json_value(value.value, path)
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise PayloadTypeError(
+                f"{path} is Decimal({str(value)!r}), which JSON cannot represent", path=path
+            )
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: to_json_value(getattr(value, field.name), f"{path}.{field.name}")
+            for field in dataclasses.fields(value)
+        }
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump) and hasattr(type(value), "model_fields"):
+        # A pydantic model: let it apply its own serialisers, then check the result.
+        return to_json_value(model_dump(mode="json"), path)
+    raise PayloadTypeError(
+        f"{path} is of type {type(value).__module__}.{type(value).__qualname__}, which the "
+        "outbox cannot encode as JSON: convert it to str, int, float, bool, None, dict, list, "
+        "Decimal, datetime, date, time, UUID, an Enum, a dataclass or a pydantic model",
+        path=path,
+    )
+
+
+def _check_text(text: str, path: str) -> None:
+    if text.isascii():
+        if "\x00" in text:
+            raise PayloadTypeError(
+                f"{path} contains a NUL character (\\x00), which PostgreSQL's jsonb cannot "
+                "store: remove it or encode the value (for example base64)",
+                path=path,
+            )
+        return
+    if "\x00" in text:
+        raise PayloadTypeError(f"{path} contains a NUL character (\\x00)", path=path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PayloadTypeError(
+            f"{path} contains a lone surrogate ({error.object[error.start]!r}), "
+            "which is not valid Unicode text",
+            path=path,
+        ) from error

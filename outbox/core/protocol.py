@@ -1,0 +1,139 @@
+"""The SDK's decisions as generators that do no I/O.
+
+Each operation is a generator that yields the :class:`Statement` s to run and receives their
+rows (as the statement's ``result`` asks); its return value is the operation's result. The
+sync and async adapters only drive these generators: they differ in how they wait, never in
+what they decide.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from outbox.core.errors import EventError
+from outbox.core.event import Event, PublishResult
+from outbox.core.payload import encode_json
+from outbox.core.statements import OutboxStatements, Result, Statement
+
+__all__ = ["Rows", "claim_message", "delete_expired", "publish_events"]
+
+Rows = Sequence[Sequence[Any]]
+Operation = Generator[Statement, Rows, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchPlan:
+    """The events that go to the database, and the ones already known to be duplicates."""
+
+    events: list[Event]
+    # index in the caller's list -> index of the earlier event in the same call with that key
+    duplicates_in_call: dict[int, int]
+
+
+def plan_batch(events: Sequence[Event]) -> _BatchPlan:
+    """Drop, from one call, every event whose dedup key an earlier event of the call has."""
+    first_with_key: dict[str, int] = {}
+    duplicates: dict[int, int] = {}
+    to_write: list[Event] = []
+    for index, event in enumerate(events):
+        if not isinstance(event, Event):
+            raise EventError(
+                f"events[{index}] is a {type(event).__name__}, not an outbox.Event"
+            )
+        key = event.dedup_key
+        if key is not None:
+            if key in first_with_key:
+                duplicates[index] = first_with_key[key]
+                continue
+            first_with_key[key] = index
+        to_write.append(event)
+    return _BatchPlan(to_write, duplicates)
+
+
+def _batch_parameters(events: Sequence[Event], max_payload_bytes: int) -> dict[str, Any]:
+    return {
+        "event_ids": [event.event_id for event in events],
+        "aggregate_types": [event.aggregate_type for event in events],
+        "aggregate_ids": [event.aggregate_id for event in events],
+        "event_types": [event.event_type for event in events],
+        "payloads": [encode_json(event.payload, max_bytes=max_payload_bytes) for event in events],
+        "headers": [encode_json(dict(event.headers), root="headers") for event in events],
+        "traceparents": [event.traceparent for event in events],
+    }
+
+
+def publish_events(
+    statements: OutboxStatements,
+    events: Sequence[Event],
+    *,
+    max_payload_bytes: int,
+    dedup_window: timedelta,
+) -> Generator[Statement, Rows, list[PublishResult]]:
+    """Write ``events`` in one statement; one more only when dedup keys turned out live."""
+    plan = plan_batch(events)
+    if not plan.events:
+        return []
+    params = _batch_parameters(plan.events, max_payload_bytes)
+    keyed = [event for event in plan.events if event.dedup_key is not None]
+    if not keyed and not plan.duplicates_in_call:
+        # No key: the outcome is known, so rows are not fetched and a pipelined
+        # connection need not wait for the server here.
+        yield Statement(statements.insert_events, params, Result.NOTHING)
+        return [PublishResult(event.event_id) for event in events]
+
+    params["dedup_keys"] = [event.dedup_key for event in plan.events]
+    params["dedup_window_seconds"] = dedup_window.total_seconds()
+    rows = yield Statement(statements.insert_events_with_dedup, params, Result.ROWS)
+    inserted: set[uuid.UUID] = {row[0] for row in rows}
+    original_by_key: dict[str, uuid.UUID] = {}
+    live_keys = [event.dedup_key for event in keyed if event.event_id not in inserted]
+    if live_keys:
+        found = yield Statement(
+            statements.find_dedup_keys, {"dedup_keys": live_keys}, Result.ROWS
+        )
+        original_by_key = {row[0]: row[1] for row in found}
+
+    results: list[PublishResult] = []
+    for index, event in enumerate(events):
+        if index in plan.duplicates_in_call:
+            first = results[plan.duplicates_in_call[index]]
+            results.append(PublishResult(first.event_id, duplicate=True))
+        elif event.dedup_key is None or event.event_id in inserted:
+            results.append(PublishResult(event.event_id))
+        else:
+            # The key is live; its row can only vanish if a cleanup raced with us, in which
+            # case the original is unknown but the publish was still a no-op.
+            original = original_by_key.get(event.dedup_key, event.event_id)
+            results.append(PublishResult(original, duplicate=True))
+    return results
+
+
+def claim_message(
+    statements: OutboxStatements, message_id: str | uuid.UUID, consumer: str
+) -> Generator[Statement, Rows, bool]:
+    """Record ``(consumer, message_id)``; True when it was new, False for a duplicate."""
+    if not isinstance(consumer, str) or not consumer or len(consumer) > 255:
+        raise EventError(f"consumer={consumer!r} must be a non-empty str of at most 255 characters")
+    if isinstance(message_id, uuid.UUID):
+        message_id = str(message_id)
+    if not isinstance(message_id, str) or not message_id or len(message_id) > 1024:
+        raise EventError(
+            f"message_id={message_id!r} must be a UUID or a non-empty str of at most 1024 "
+            "characters"
+        )
+    rows = yield Statement(
+        statements.claim_message, {"consumer": consumer, "message_id": message_id}, Result.ROWS
+    )
+    return bool(rows)
+
+
+def delete_expired(sql: str, window: timedelta) -> Generator[Statement, Rows, int]:
+    """Delete rows older than ``window`` with ``sql``; return how many went."""
+    if window <= timedelta(0):
+        raise EventError(f"the retention window must be positive, got {window}")
+    rows = yield Statement(sql, {"window_seconds": window.total_seconds()}, Result.ROWCOUNT)
+    return int(rows[0][0])

@@ -1,0 +1,65 @@
+"""The names of the database objects the outbox uses, validated once, rendered quoted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from outbox.core.identifiers import qualified_name, quote_identifier, validate_identifier
+
+__all__ = ["OutboxTables"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxTables:
+    """Schema and object names. Every name must be a plain identifier (checked here)."""
+
+    schema: str = "outbox"
+    outbox: str = "outbox"
+    dedup: str = "outbox_dedup"
+    inbox: str = "outbox_inbox"
+    publication: str = "outbox_publication"
+
+    def __post_init__(self) -> None:
+        validate_identifier(self.schema, field="schema")
+        validate_identifier(self.outbox, field="outbox table")
+        validate_identifier(self.dedup, field="dedup table")
+        validate_identifier(self.inbox, field="inbox table")
+        validate_identifier(self.publication, field="publication")
+        validate_identifier(self.position_sequence, field="outbox table (sequence name)")
+        validate_identifier(self.position_function, field="outbox table (function name)")
+
+    @property
+    def position_sequence(self) -> str:
+        return f"{self.outbox}_position_seq"
+
+    @property
+    def position_function(self) -> str:
+        return f"{self.outbox}_assign_position"
+
+    @property
+    def qualified_outbox(self) -> str:
+        return qualified_name(self.schema, self.outbox, field="outbox table")
+
+    @property
+    def qualified_dedup(self) -> str:
+        return qualified_name(self.schema, self.dedup, field="dedup table")
+
+    @property
+    def qualified_inbox(self) -> str:
+        return qualified_name(self.schema, self.inbox, field="inbox table")
+
+    @property
+    def qualified_position_sequence(self) -> str:
+        return qualified_name(self.schema, self.position_sequence, field="sequence")
+
+    @property
+    def qualified_position_function(self) -> str:
+        return qualified_name(self.schema, self.position_function, field="function")
+
+    @property
+    def quoted_schema(self) -> str:
+        return quote_identifier(self.schema, field="schema")
+
+    @property
+    def quoted_publication(self) -> str:
+        return quote_identifier(self.publication, field="publication")

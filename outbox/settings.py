@@ -1,0 +1,86 @@
+"""Typed settings of the SDK, read from ``OUTBOX_*`` environment variables.
+
+Every component has one settings class; a bad value fails at start-up with a message that
+names the variable (see :func:`describe_validation_error`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from outbox.core.identifiers import validate_identifier
+from outbox.core.tables import OutboxTables
+
+__all__ = ["DatabaseSettings", "OutboxSettings", "describe_validation_error"]
+
+PositiveDuration = Annotated[timedelta, Field(gt=timedelta(0))]
+
+
+class OutboxSettings(BaseSettings):
+    """Where the outbox lives and the limits of what it accepts.
+
+    ``OUTBOX_SCHEMA_NAME``, ``OUTBOX_TABLE``, ``OUTBOX_DEDUP_TABLE``, ``OUTBOX_INBOX_TABLE`` and
+    ``OUTBOX_PUBLICATION`` are plain SQL identifiers. ``OUTBOX_MAX_PAYLOAD_BYTES`` bounds one
+    event's JSON payload. Durations accept seconds (``86400``) or ISO 8601 (``P1D``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore", frozen=True)
+
+    schema_name: str = "outbox"
+    table: str = "outbox"
+    dedup_table: str = "outbox_dedup"
+    inbox_table: str = "outbox_inbox"
+    publication: str = "outbox_publication"
+    max_payload_bytes: int = Field(default=1_000_000, gt=0, le=100_000_000)
+    dedup_window: PositiveDuration = timedelta(hours=24)
+    inbox_retention: PositiveDuration = timedelta(days=7)
+
+    @field_validator("schema_name", "table", "dedup_table", "inbox_table", "publication")
+    @classmethod
+    def _plain_identifier(cls, value: str) -> str:
+        return validate_identifier(value, field="the name")
+
+    @property
+    def tables(self) -> OutboxTables:
+        return OutboxTables(
+            schema=self.schema_name,
+            outbox=self.table,
+            dedup=self.dedup_table,
+            inbox=self.inbox_table,
+            publication=self.publication,
+        )
+
+
+class DatabaseSettings(BaseSettings):
+    """``OUTBOX_DATABASE_URL``: the SQLAlchemy URL of the application's database.
+
+    For example ``postgresql+psycopg://app:secret@db.internal:5432/shop``. It is a secret: it
+    is never logged or printed with its password.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore", frozen=True)
+
+    database_url: SecretStr
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if not url.startswith(("postgresql://", "postgresql+psycopg://")):
+            raise ValueError(
+                "must be a PostgreSQL URL such as postgresql+psycopg://user:password@host:5432/db"
+            )
+        return value
+
+
+def describe_validation_error(error: ValidationError, *, env_prefix: str = "OUTBOX_") -> str:
+    """One line per bad setting, named as its environment variable."""
+    lines = []
+    for item in error.errors():
+        name = "_".join(str(part) for part in item["loc"]).upper()
+        lines.append(f"{env_prefix}{name}: {item['msg']}")
+    return "invalid settings:\n  " + "\n  ".join(lines)

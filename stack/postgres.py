@@ -1,0 +1,280 @@
+"""A private PostgreSQL 15 cluster on loopback, from Debian's binaries.
+
+It lives under ``<stack dir>/postgres`` (data, socket, log, generated password), listens on
+``127.0.0.1:<port>`` only, and runs with ``wal_level=logical`` and room for replication slots,
+so Debezium can tail it. When the current user is root, the cluster runs as the ``postgres``
+system user (``initdb`` refuses root). Nothing here touches a system cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+
+from stack.errors import StackError
+from stack.settings import StackSettings
+
+__all__ = ["PostgresCluster", "PostgresStatus"]
+
+log = logging.getLogger(__name__)
+
+SUPERUSER = "postgres"
+RUN_AS = "postgres"
+# Appended once to postgresql.conf by `init`; port and addresses are passed at each start.
+_SERVER_SETTINGS = """
+# --- written by the outbox local stack ---
+wal_level = logical
+max_replication_slots = 20
+max_wal_senders = 20
+max_connections = 200
+shared_buffers = 256MB
+fsync = on
+synchronous_commit = on
+password_encryption = scram-sha-256
+log_min_messages = warning
+log_line_prefix = '%m [%p] %q%u@%d '
+"""
+
+
+@dataclass(frozen=True)
+class PostgresStatus:
+    running: bool
+    pid: int | None
+    port: int
+    data_dir: Path
+    log_file: Path
+
+
+class PostgresCluster:
+    """Create, start, probe and stop the private cluster. Every step is idempotent."""
+
+    def __init__(self, settings: StackSettings | None = None) -> None:
+        self.settings = settings if settings is not None else StackSettings()
+        self.home = self.settings.root / "postgres"
+        self.data_dir = self.home / "data"
+        self.socket_dir = self.home / "run"
+        self.log_file = self.home / "postgres.log"
+        self.password_file = self.home / "superuser.password"
+        self.port = self.settings.postgres_port
+
+    # --- addresses -------------------------------------------------------------------------
+
+    def url(self, database: str | None = None, *, driver: str = "postgresql+psycopg") -> str:
+        """SQLAlchemy URL of ``database`` (default: the stack's), with the password."""
+        name = database or self.settings.postgres_database
+        return f"{driver}://{SUPERUSER}:{quote(self.password(), safe='')}@127.0.0.1:{self.port}/{name}"
+
+    def conninfo(self, database: str | None = None) -> str:
+        """libpq connection string, for psycopg."""
+        name = database or self.settings.postgres_database
+        return psycopg.conninfo.make_conninfo(
+            host="127.0.0.1", port=self.port, user=SUPERUSER, password=self.password(), dbname=name
+        )
+
+    def display_url(self, database: str | None = None) -> str:
+        """The URL with its password masked: safe to print and log."""
+        name = database or self.settings.postgres_database
+        return f"postgresql+psycopg://{SUPERUSER}:***@127.0.0.1:{self.port}/{name}"
+
+    def password(self) -> str:
+        try:
+            return self.password_file.read_text().strip()
+        except FileNotFoundError as error:
+            raise StackError(
+                f"the private Postgres has no password file at {self.password_file}: "
+                "run `outbox stack up` first"
+            ) from error
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    def up(self) -> PostgresStatus:
+        """Install if needed, initialise if needed, start if stopped, wait until it answers."""
+        self.ensure_binaries()
+        self.init()
+        if not self.is_running():
+            self._start()
+        self.wait_until_ready()
+        self.ensure_database(self.settings.postgres_database)
+        return self.status()
+
+    def down(self) -> None:
+        """Stop the cluster (fast shutdown: open transactions roll back). Keeps its data."""
+        if not self.is_running():
+            return
+        self._pg_ctl("stop", "-m", "fast", "-w", "-t", "60")
+
+    def restart(self) -> None:
+        """Stop and start again, waiting until it answers."""
+        self.down()
+        self._start()
+        self.wait_until_ready()
+
+    def destroy(self) -> None:
+        """Stop the cluster and delete its folder."""
+        self.down()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def status(self) -> PostgresStatus:
+        return PostgresStatus(
+            running=self.is_running(),
+            pid=self.pid(),
+            port=self.port,
+            data_dir=self.data_dir,
+            log_file=self.log_file,
+        )
+
+    def is_running(self) -> bool:
+        if not (self.data_dir / "PG_VERSION").exists():
+            return False
+        result = self._pg_ctl("status", check=False)
+        return result.returncode == 0
+
+    def pid(self) -> int | None:
+        try:
+            first_line = (self.data_dir / "postmaster.pid").read_text().splitlines()[0]
+        except (FileNotFoundError, IndexError):
+            return None
+        return int(first_line) if first_line.isdigit() else None
+
+    # --- steps -----------------------------------------------------------------------------
+
+    def ensure_binaries(self) -> None:
+        """Make sure PostgreSQL 15's binaries are there; as root, install them with apt-get."""
+        if (self.settings.postgres_bin / "initdb").exists():
+            return
+        if os.geteuid() != 0:
+            raise StackError(
+                f"PostgreSQL 15 is not installed ({self.settings.postgres_bin}/initdb is "
+                "missing): install it with `sudo apt-get install -y postgresql-15`, or set "
+                "OUTBOX_STACK_POSTGRES_BIN to the folder of its binaries"
+            )
+        log.warning("installing postgresql-15 with apt-get")
+        # Debian would otherwise create and start a system cluster on port 5432.
+        conf = Path("/etc/postgresql-common/createcluster.conf")
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        if not conf.exists() or "create_main_cluster = false" not in conf.read_text():
+            with conf.open("a") as handle:
+                handle.write("\ncreate_main_cluster = false\n")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql-15"]):
+            result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise StackError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
+
+    def init(self) -> None:
+        """Create the cluster once: data folder, generated superuser password, settings."""
+        if (self.data_dir / "PG_VERSION").exists():
+            return
+        for folder in (self.home, self.socket_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        if not self.password_file.exists():
+            self.password_file.write_text(secrets.token_urlsafe(24) + "\n")
+            self.password_file.chmod(0o600)
+        if self.data_dir.exists():
+            shutil.rmtree(self.data_dir)  # a half-made data folder from an interrupted init
+        self.data_dir.mkdir(mode=0o700)
+        self._give_to_run_as(self.home)
+        # initdb reads the password from a file the postgres user can read; it is removed after.
+        pwfile = self.home / ".initdb-pwfile"
+        pwfile.write_text(self.password())
+        pwfile.chmod(0o600)
+        self._give_to_run_as(pwfile)
+        try:
+            self._run(
+                str(self.settings.postgres_bin / "initdb"),
+                "-D", str(self.data_dir),
+                "-U", SUPERUSER,
+                "--pwfile", str(pwfile),
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "-E", "UTF8",
+                "--no-locale",
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
+        with (self.data_dir / "postgresql.conf").open("a") as handle:
+            handle.write(_SERVER_SETTINGS)
+        self._give_to_run_as(self.data_dir / "postgresql.conf")
+
+    def wait_until_ready(self) -> None:
+        """Probe with a real connection until it succeeds or the deadline passes."""
+        deadline = time.monotonic() + self.settings.postgres_start_timeout_seconds
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(self.conninfo("postgres"), connect_timeout=2) as connection:
+                    connection.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as error:
+                last_error = error
+                time.sleep(0.1)
+        raise StackError(
+            f"the private Postgres did not answer on 127.0.0.1:{self.port} within "
+            f"{self.settings.postgres_start_timeout_seconds:.0f} s (last error: {last_error}); "
+            f"see {self.log_file}"
+        )
+
+    def ensure_database(self, name: str) -> None:
+        with psycopg.connect(self.conninfo("postgres"), autocommit=True) as connection:
+            exists = connection.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+            ).fetchone()
+            if not exists:
+                connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+    def drop_database(self, name: str) -> None:
+        with psycopg.connect(self.conninfo("postgres"), autocommit=True) as connection:
+            connection.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        options = (
+            f"-c port={self.port} -c listen_addresses=127.0.0.1 "
+            f"-c unix_socket_directories={self.socket_dir}"
+        )
+        self.log_file.touch()
+        self._give_to_run_as(self.log_file)
+        result = self._pg_ctl(
+            "start", "-w", "-t", str(int(self.settings.postgres_start_timeout_seconds)),
+            "-l", str(self.log_file), "-o", options, check=False,
+        )
+        if result.returncode != 0:
+            tail = self.log_file.read_text()[-2000:] if self.log_file.exists() else ""
+            raise StackError(
+                f"the private Postgres did not start (port {self.port} taken?):\n"
+                f"{result.stdout}{result.stderr}\n--- {self.log_file} ---\n{tail}"
+            )
+
+    def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self._run(
+            str(self.settings.postgres_bin / "pg_ctl"), "-D", str(self.data_dir), *args,
+            check=check,
+        )
+
+    def _run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        full = ["runuser", "-u", RUN_AS, "--", *command] if os.geteuid() == 0 else list(command)
+        result = subprocess.run(full, capture_output=True, text=True, check=False)
+        if check and result.returncode != 0:
+            raise StackError(f"{command[0]} failed ({result.returncode}):\n{result.stderr[-2000:]}")
+        return result
+
+    def _give_to_run_as(self, path: Path) -> None:
+        if os.geteuid() != 0:
+            return
+        shutil.chown(path, RUN_AS, RUN_AS)
+        if path.is_dir():
+            for child in path.rglob("*"):
+                shutil.chown(child, RUN_AS, RUN_AS)
