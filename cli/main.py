@@ -1,0 +1,25 @@
+"""``outbox``: one command for the SDK's database objects, the local stack and the main job.
+
+Subcommands import what they need when they run, so ``outbox --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from cli import db, demo, stack
+
+app = typer.Typer(
+    name="outbox",
+    help="Transactional outbox for PostgreSQL: migrations, the local stack, the demo.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(stack.app, name="stack")
+app.add_typer(db.app, name="db")
+app.command("demo")(demo.run_demo)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -37,6 +37,8 @@ __all__ = [
 
 SyncTransaction = Session | SAConnection | psycopg.Connection[Any]
 AsyncTransaction = AsyncSession | SAAsyncConnection | psycopg.AsyncConnection[Any]
+_SYNC_TYPES = (Session, SAConnection, psycopg.Connection)
+_ASYNC_TYPES = (AsyncSession, SAAsyncConnection, psycopg.AsyncConnection)
 SyncExecutor = Callable[[Statement], Rows]
 AsyncExecutor = Callable[[Statement], Awaitable[Rows]]
 T = TypeVar("T")
@@ -95,7 +97,7 @@ def sync_executor(transaction: object) -> SyncExecutor:
         return lambda statement: _sqlalchemy_rows(
             transaction.execute(_text_clause(statement.sql), statement.params), statement
         )
-    if isinstance(transaction, AsyncTransaction):
+    if isinstance(transaction, _ASYNC_TYPES):
         raise UnsupportedTransactionError(
             f"{type(transaction).__name__} is asynchronous: use AsyncOutbox / AsyncInbox "
             "(or apublish, apublish_many, aclaim) with it"
@@ -140,7 +142,7 @@ async def async_executor(transaction: object) -> AsyncExecutor:
             return _sqlalchemy_rows(result, statement)
 
         return run_connection
-    if isinstance(transaction, SyncTransaction):
+    if isinstance(transaction, _SYNC_TYPES):
         raise UnsupportedTransactionError(
             f"{type(transaction).__name__} is synchronous: use Outbox / Inbox "
             "(or publish, publish_many, claim) with it"

@@ -54,6 +54,16 @@ def plan_batch(events: Sequence[Event]) -> _BatchPlan:
     return _BatchPlan(to_write, duplicates)
 
 
+def in_lock_order(events: Sequence[Event]) -> list[Event]:
+    """The events sorted by aggregate, keeping each aggregate's events in the caller's order.
+
+    The outbox trigger locks each aggregate as its first row is inserted; inserting in one
+    global order means two concurrent batches never wait for each other in a cycle. Only
+    the order *within* an aggregate is a promise, and a stable sort keeps it.
+    """
+    return sorted(events, key=lambda event: (event.aggregate_type, event.aggregate_id))
+
+
 def _batch_parameters(events: Sequence[Event], max_payload_bytes: int) -> dict[str, Any]:
     return {
         "event_ids": [event.event_id for event in events],
@@ -77,15 +87,16 @@ def publish_events(
     plan = plan_batch(events)
     if not plan.events:
         return []
-    params = _batch_parameters(plan.events, max_payload_bytes)
+    ordered = in_lock_order(plan.events)
+    params = _batch_parameters(ordered, max_payload_bytes)
     keyed = [event for event in plan.events if event.dedup_key is not None]
-    if not keyed and not plan.duplicates_in_call:
+    if not keyed:
         # No key: the outcome is known, so rows are not fetched and a pipelined
         # connection need not wait for the server here.
         yield Statement(statements.insert_events, params, Result.NOTHING)
         return [PublishResult(event.event_id) for event in events]
 
-    params["dedup_keys"] = [event.dedup_key for event in plan.events]
+    params["dedup_keys"] = [event.dedup_key for event in ordered]
     params["dedup_window_seconds"] = dedup_window.total_seconds()
     rows = yield Statement(statements.insert_events_with_dedup, params, Result.ROWS)
     inserted: set[uuid.UUID] = {row[0] for row in rows}
