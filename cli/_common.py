@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
 import typer
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 from sqlalchemy.exc import DBAPIError
 
 from outbox.core.errors import OutboxError
 from outbox.settings import describe_validation_error
 
-T = TypeVar("T")
+S = TypeVar("S", bound=BaseSettings)
 
 
 @contextmanager
@@ -34,10 +35,14 @@ def friendly_errors() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-def load(factory: Callable[[], T]) -> T:
-    """Build a settings object, exiting with a readable message when it is invalid."""
-    with friendly_errors():
-        return factory()
+def load(settings_class: type[S]) -> S:
+    """Read a settings class from the environment; exit with a readable message if invalid."""
+    try:
+        return settings_class()
+    except ValidationError as error:
+        prefix = str(settings_class.model_config.get("env_prefix", ""))
+        typer.secho(describe_validation_error(error, env_prefix=prefix), err=True, fg="red")
+        raise typer.Exit(2) from None
 
 
 def configure_logging(verbose: bool) -> None:

@@ -27,7 +27,7 @@ def _engine(database_url: str | None) -> Engine:
     from outbox.settings import DatabaseSettings
 
     if database_url is None:
-        database_url = load(DatabaseSettings).database_url.get_secret_value()  # type: ignore[call-arg]
+        database_url = load(DatabaseSettings).database_url.get_secret_value()
     return create_engine(database_url)
 
 

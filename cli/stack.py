@@ -11,7 +11,9 @@ from cli._common import configure_logging, friendly_errors, load
 if TYPE_CHECKING:
     from stack import PostgresCluster
 
-app = typer.Typer(help="Run the local stack natively on loopback (no Docker).", no_args_is_help=True)
+app = typer.Typer(
+    help="Run the local stack natively on loopback (no Docker).", no_args_is_help=True
+)
 
 
 def _cluster() -> PostgresCluster:
@@ -29,7 +31,7 @@ def up(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each ste
         status = cluster.up()
     typer.echo(f"postgres  up    {cluster.display_url()}  (pid {status.pid})")
     typer.echo(f"          logs  {status.log_file}")
-    typer.echo("Use it from your shell with:  eval \"$(outbox stack env)\"")
+    typer.echo('Use it from your shell with:  eval "$(outbox stack env)"')
 
 
 @app.command()

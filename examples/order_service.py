@@ -80,7 +80,7 @@ def place_order(session: Session, outbox: Outbox, customer: str, lines: list[Lin
         session,
         Event(
             aggregate_type="order",
-            aggregate_id=order.id,
+            aggregate_id=str(order.id),
             event_type="OrderPlaced",
             payload={"order_id": order.id, "customer": customer, "total": total, "lines": lines},
         ),
@@ -92,8 +92,13 @@ def pay_order(session: Session, outbox: Outbox, order_id: int, payment_id: str) 
     """Mark the order paid and publish OrderPaid; a retried payment is a no-op (dedup key)."""
     result = outbox.publish(
         session,
-        Event("order", order_id, "OrderPaid", {"order_id": order_id, "payment_id": payment_id},
-              dedup_key=f"payment:{payment_id}"),
+        Event(
+            "order",
+            str(order_id),
+            "OrderPaid",
+            {"order_id": order_id, "payment_id": payment_id},
+            dedup_key=f"payment:{payment_id}",
+        ),
     )
     if result.duplicate:
         return False
@@ -123,8 +128,11 @@ def run(
     summary = RunSummary()
     for number in range(orders):
         lines = [
-            Line(sku=f"sku-{rng.randint(1, 50)}", quantity=rng.randint(1, 3),
-                 price=Decimal(rng.randint(100, 9999)) / 100)
+            Line(
+                sku=f"sku-{rng.randint(1, 50)}",
+                quantity=rng.randint(1, 3),
+                price=Decimal(rng.randint(100, 9999)) / 100,
+            )
             for _ in range(rng.randint(1, 3))
         ]
         if number % 10 == 9:
@@ -165,7 +173,7 @@ def main() -> None:
     engine = create_engine(os.environ["OUTBOX_DATABASE_URL"])
     create_schema(engine)
     summary = run(engine, arguments.orders)
-    print(summary)  # noqa: T201
+    print(summary)
     engine.dispose()
 
 

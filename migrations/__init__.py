@@ -2,67 +2,88 @@
 
 They keep their own version table (``outbox_alembic_version`` in the outbox schema), so they
 live beside an application's own Alembic history without touching it. Run them with the CLI
-(``outbox db upgrade``), or from code, for example at the end of your own ``env.py``::
+(``outbox db upgrade``) or from code, for example at the end of your own ``env.py``::
 
     import migrations as outbox_migrations
-    outbox_migrations.upgrade(connection)        # a SQLAlchemy Connection
+    outbox_migrations.upgrade(connection)        # a SQLAlchemy Connection; you commit
 
-Schema and names come from :class:`outbox.OutboxSettings` (``OUTBOX_*`` variables).
+They run on the connection they are given, inside its transaction, without an Alembic
+environment of their own, so calling them from inside another ``env.py`` is safe. Schema and
+names come from :class:`outbox.OutboxSettings` (``OUTBOX_*`` variables).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from alembic import command
-from alembic.config import Config
+from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from migrations.names import settings_in_use
 from outbox.settings import OutboxSettings
 
-__all__ = ["VERSION_TABLE", "alembic_config", "current", "downgrade", "upgrade"]
+__all__ = ["VERSION_TABLE", "current", "downgrade", "upgrade"]
 
 VERSION_TABLE = "outbox_alembic_version"
 SCRIPT_LOCATION = Path(__file__).resolve().parent
-
-
-def alembic_config(
-    *,
-    connection: Connection | None = None,
-    url: str | None = None,
-    settings: OutboxSettings | None = None,
-) -> Config:
-    """An Alembic ``Config`` for these migrations, on ``connection`` or ``url``."""
-    config = Config()
-    config.set_main_option("script_location", str(SCRIPT_LOCATION))
-    config.attributes["outbox_settings"] = settings if settings is not None else OutboxSettings()
-    if connection is not None:
-        config.attributes["connection"] = connection
-    if url is not None:
-        config.attributes["url"] = url
-    return config
 
 
 def upgrade(
     connection: Connection, revision: str = "head", *, settings: OutboxSettings | None = None
 ) -> None:
     """Upgrade the outbox objects to ``revision`` on ``connection`` (the caller commits)."""
-    command.upgrade(alembic_config(connection=connection, settings=settings), revision)
+    settings = settings if settings is not None else OutboxSettings()
+    script = _script()
+
+    def steps(current: Any, _context: MigrationContext) -> Iterable[Any]:
+        return script._upgrade_revs(revision, current)  # as alembic.command does
+
+    connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {settings.tables.quoted_schema}"))
+    _run(connection, settings, script, steps)
 
 
 def downgrade(
     connection: Connection, revision: str, *, settings: OutboxSettings | None = None
 ) -> None:
     """Downgrade the outbox objects to ``revision`` (``base`` removes them all)."""
-    command.downgrade(alembic_config(connection=connection, settings=settings), revision)
+    settings = settings if settings is not None else OutboxSettings()
+    script = _script()
+
+    def steps(current: Any, _context: MigrationContext) -> Iterable[Any]:
+        return script._downgrade_revs(revision, current)  # as alembic.command does
+
+    _run(connection, settings, script, steps)
 
 
 def current(connection: Connection, *, settings: OutboxSettings | None = None) -> str | None:
     """The applied revision, or None when the outbox objects were never created."""
     settings = settings if settings is not None else OutboxSettings()
-    context = MigrationContext.configure(
+    return _context(connection, settings).get_current_revision()
+
+
+def _script() -> ScriptDirectory:
+    return ScriptDirectory(str(SCRIPT_LOCATION))
+
+
+def _context(connection: Connection, settings: OutboxSettings, **options: Any) -> MigrationContext:
+    return MigrationContext.configure(
         connection,
-        opts={"version_table": VERSION_TABLE, "version_table_schema": settings.schema_name},
+        opts={
+            "version_table": VERSION_TABLE,
+            "version_table_schema": settings.schema_name,
+            **options,
+        },
     )
-    return context.get_current_revision()
+
+
+def _run(
+    connection: Connection, settings: OutboxSettings, script: ScriptDirectory, fn: Any
+) -> None:
+    context = _context(connection, settings, script=script, fn=fn)
+    with settings_in_use(settings), Operations.context(context):
+        context.run_migrations()

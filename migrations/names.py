@@ -1,22 +1,32 @@
-"""The object names a migration works on: from the running Alembic config, else the environment."""
+"""The object names a migration works on: the settings of the run, else the environment."""
 
 from __future__ import annotations
 
 import zlib
-
-from alembic import context
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from outbox.core.tables import OutboxTables
 from outbox.settings import OutboxSettings
 
-__all__ = ["advisory_lock_class", "outbox_tables"]
+__all__ = ["advisory_lock_class", "outbox_tables", "settings_in_use"]
+
+_settings: ContextVar[OutboxSettings | None] = ContextVar("outbox_settings", default=None)
+
+
+@contextmanager
+def settings_in_use(settings: OutboxSettings) -> Iterator[None]:
+    token = _settings.set(settings)
+    try:
+        yield
+    finally:
+        _settings.reset(token)
 
 
 def outbox_tables() -> OutboxTables:
-    settings = context.config.attributes.get("outbox_settings")
-    if not isinstance(settings, OutboxSettings):
-        settings = OutboxSettings()
-    return settings.tables
+    settings = _settings.get()
+    return (settings if settings is not None else OutboxSettings()).tables
 
 
 def advisory_lock_class(tables: OutboxTables) -> int:

@@ -25,9 +25,7 @@ class _InboxBase:
         self.settings = settings if settings is not None else OutboxSettings()
         self._statements = OutboxStatements(self.settings.tables)
 
-    def _delete_expired(
-        self, older_than: timedelta | None
-    ) -> Generator[Statement, Rows, int]:
+    def _delete_expired(self, older_than: timedelta | None) -> Generator[Statement, Rows, int]:
         window = older_than if older_than is not None else self.settings.inbox_retention
         return delete_expired(self._statements.delete_expired_claims, window)
 
@@ -62,9 +60,7 @@ class AsyncInbox(_InboxBase):
             await async_executor(transaction),
         )
 
-    async def delete_expired(
-        self, transaction: object, older_than: timedelta | None = None
-    ) -> int:
+    async def delete_expired(self, transaction: object, older_than: timedelta | None = None) -> int:
         """Delete claims older than the retention window (``OUTBOX_INBOX_RETENTION``)."""
         return await drive_async(
             self._delete_expired(older_than), await async_executor(transaction)

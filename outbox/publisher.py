@@ -22,9 +22,7 @@ class _OutboxBase:
         self.settings = settings if settings is not None else OutboxSettings()
         self._statements = OutboxStatements(self.settings.tables)
 
-    def _publish(
-        self, events: Iterable[Event]
-    ) -> Generator[Statement, Rows, list[PublishResult]]:
+    def _publish(self, events: Iterable[Event]) -> Generator[Statement, Rows, list[PublishResult]]:
         return publish_events(
             self._statements,
             list(events),

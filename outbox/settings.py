@@ -44,6 +44,17 @@ class OutboxSettings(BaseSettings):
     def _plain_identifier(cls, value: str) -> str:
         return validate_identifier(value, field="the name")
 
+    @field_validator("dedup_window", "inbox_retention", mode="before")
+    @classmethod
+    def _seconds_or_iso(cls, value: object) -> object:
+        """Environment values are text: accept '86400' (seconds) as well as 'P1D'."""
+        if isinstance(value, str):
+            try:
+                return timedelta(seconds=float(value))
+            except ValueError:
+                return value
+        return value
+
     @property
     def tables(self) -> OutboxTables:
         return OutboxTables(

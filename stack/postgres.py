@@ -74,7 +74,8 @@ class PostgresCluster:
     def url(self, database: str | None = None, *, driver: str = "postgresql+psycopg") -> str:
         """SQLAlchemy URL of ``database`` (default: the stack's), with the password."""
         name = database or self.settings.postgres_database
-        return f"{driver}://{SUPERUSER}:{quote(self.password(), safe='')}@127.0.0.1:{self.port}/{name}"
+        password = quote(self.password(), safe="")
+        return f"{driver}://{SUPERUSER}:{password}@127.0.0.1:{self.port}/{name}"
 
     def conninfo(self, database: str | None = None) -> str:
         """libpq connection string, for psycopg."""
@@ -186,6 +187,11 @@ class PostgresCluster:
             shutil.rmtree(self.data_dir)  # a half-made data folder from an interrupted init
         self.data_dir.mkdir(mode=0o700)
         self._give_to_run_as(self.home)
+        if os.geteuid() == 0 and self._run("test", "-w", str(self.home), check=False).returncode:
+            raise StackError(
+                f"the {RUN_AS} user cannot reach {self.home}: a parent folder is closed to "
+                "other users; set OUTBOX_STACK_DIR to a folder it can traverse"
+            )
         # initdb reads the password from a file the postgres user can read; it is removed after.
         pwfile = self.home / ".initdb-pwfile"
         pwfile.write_text(self.password())
@@ -194,12 +200,16 @@ class PostgresCluster:
         try:
             self._run(
                 str(self.settings.postgres_bin / "initdb"),
-                "-D", str(self.data_dir),
-                "-U", SUPERUSER,
-                "--pwfile", str(pwfile),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                SUPERUSER,
+                "--pwfile",
+                str(pwfile),
                 "--auth-local=trust",
                 "--auth-host=scram-sha-256",
-                "-E", "UTF8",
+                "-E",
+                "UTF8",
                 "--no-locale",
             )
         finally:
@@ -250,8 +260,15 @@ class PostgresCluster:
         self.log_file.touch()
         self._give_to_run_as(self.log_file)
         result = self._pg_ctl(
-            "start", "-w", "-t", str(int(self.settings.postgres_start_timeout_seconds)),
-            "-l", str(self.log_file), "-o", options, check=False,
+            "start",
+            "-w",
+            "-t",
+            str(int(self.settings.postgres_start_timeout_seconds)),
+            "-l",
+            str(self.log_file),
+            "-o",
+            options,
+            check=False,
         )
         if result.returncode != 0:
             tail = self.log_file.read_text()[-2000:] if self.log_file.exists() else ""
@@ -262,7 +279,10 @@ class PostgresCluster:
 
     def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self._run(
-            str(self.settings.postgres_bin / "pg_ctl"), "-D", str(self.data_dir), *args,
+            str(self.settings.postgres_bin / "pg_ctl"),
+            "-D",
+            str(self.data_dir),
+            *args,
             check=check,
         )
 

@@ -22,6 +22,7 @@ def upgrade() -> None:
     outbox = tables.qualified_outbox
     sequence = tables.qualified_position_sequence
     function = tables.qualified_position_function
+    op.execute(f"CREATE SCHEMA IF NOT EXISTS {tables.quoted_schema}")
     op.execute(f"CREATE SEQUENCE {sequence} AS bigint")
     # Column names are the ones Debezium's Outbox Event Router expects by default.
     op.execute(
@@ -40,9 +41,7 @@ def upgrade() -> None:
         """
     )
     op.execute(f"ALTER SEQUENCE {sequence} OWNED BY {outbox}.position")
-    op.execute(
-        f'CREATE UNIQUE INDEX "{tables.outbox}_position_key" ON {outbox} (position)'
-    )
+    op.execute(f'CREATE UNIQUE INDEX "{tables.outbox}_position_key" ON {outbox} (position)')
     # Per-aggregate order: a transaction takes its aggregate's lock before it draws a position
     # and keeps it until it ends, so a second writer of the same aggregate draws its position
     # only after the first committed or rolled back. Positions per aggregate thus follow

@@ -51,10 +51,6 @@ class Event:
     event_id: uuid.UUID = field(default_factory=new_event_id)
 
     def __post_init__(self) -> None:
-        if isinstance(self.aggregate_id, int | uuid.UUID) and not isinstance(
-            self.aggregate_id, bool
-        ):
-            object.__setattr__(self, "aggregate_id", str(self.aggregate_id))
         validate_event(self)
 
 
@@ -98,7 +94,11 @@ def validate_event(event: Event) -> None:
 
 
 def _check_text_field(name: str, value: object, max_length: int) -> None:
-    if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
+    if not isinstance(value, str):
+        raise EventError(
+            f"{name} must be a str, got {type(value).__name__} {value!r}: pass str({name})"
+        )
+    if not value or len(value) > max_length or "\x00" in value:
         raise EventError(
             f"{name}={value!r} is invalid: use a non-empty str of at most {max_length} "
             "characters without NUL"

@@ -21,9 +21,7 @@ _PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*", re.ASCII)
 def validate_identifier(name: object, *, field: str) -> str:
     """Return ``name`` if it is a plain identifier, else raise naming ``field``."""
     if not isinstance(name, str):
-        raise InvalidIdentifierError(
-            f"{field} must be a string, got {type(name).__name__}"
-        )
+        raise InvalidIdentifierError(f"{field} must be a string, got {type(name).__name__}")
     if not name or len(name) > MAX_IDENTIFIER_LENGTH or not _PLAIN_IDENTIFIER.fullmatch(name):
         raise InvalidIdentifierError(
             f"{field}={name!r} is not a plain SQL identifier: use 1 to "

@@ -41,9 +41,7 @@ def plan_batch(events: Sequence[Event]) -> _BatchPlan:
     to_write: list[Event] = []
     for index, event in enumerate(events):
         if not isinstance(event, Event):
-            raise EventError(
-                f"events[{index}] is a {type(event).__name__}, not an outbox.Event"
-            )
+            raise EventError(f"events[{index}] is a {type(event).__name__}, not an outbox.Event")
         key = event.dedup_key
         if key is not None:
             if key in first_with_key:
@@ -103,9 +101,7 @@ def publish_events(
     original_by_key: dict[str, uuid.UUID] = {}
     live_keys = [event.dedup_key for event in keyed if event.event_id not in inserted]
     if live_keys:
-        found = yield Statement(
-            statements.find_dedup_keys, {"dedup_keys": live_keys}, Result.ROWS
-        )
+        found = yield Statement(statements.find_dedup_keys, {"dedup_keys": live_keys}, Result.ROWS)
         original_by_key = {row[0]: row[1] for row in found}
 
     results: list[PublishResult] = []

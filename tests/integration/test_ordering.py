@@ -151,8 +151,10 @@ def test_concurrent_writers_keep_per_aggregate_order(database: ScratchDatabase) 
                     with connection.transaction():
                         outbox.publish_many(
                             connection,
-                            [Event("order", aggregate, "Changed", {"writer": seed, "n": number})
-                             for aggregate in chosen],
+                            [
+                                Event("order", aggregate, "Changed", {"writer": seed, "n": number})
+                                for aggregate in chosen
+                            ],
                         )
                         connection.execute("SELECT pg_sleep(random() * 0.002)")
         except BaseException as error:

@@ -1,0 +1,137 @@
+"""The private Postgres of the local stack: created, started, probed and stopped by our code."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from stack import PostgresCluster, StackError, StackSettings
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[PostgresCluster]:
+    """A second cluster of our own in a temporary folder, on a free port."""
+    folder = Path(tempfile.mkdtemp(prefix="outbox-stack-"))
+    folder.chmod(0o755)  # the postgres user must reach it when we run as root
+    cluster = PostgresCluster(StackSettings(dir=folder, postgres_port=free_port()))
+    yield cluster
+    cluster.destroy()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_folder_the_postgres_user_cannot_reach_is_explained(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root hands the cluster to the postgres user")
+    closed = tmp_path_factory.mktemp("closed")
+    closed.chmod(0o700)
+    cluster = PostgresCluster(StackSettings(dir=closed / "inner", postgres_port=free_port()))
+    with pytest.raises(StackError, match="OUTBOX_STACK_DIR"):
+        cluster.up()
+
+
+def test_up_is_idempotent_and_the_cluster_is_ready_for_cdc(own_cluster: PostgresCluster) -> None:
+    first = own_cluster.up()
+    second = own_cluster.up()
+    assert first.running and second.pid == first.pid, "a second `up` starts nothing"
+    with psycopg.connect(own_cluster.conninfo()) as connection:
+        settings = dict(
+            connection.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('wal_level', 'max_replication_slots', 'listen_addresses', 'fsync')"
+            ).fetchall()
+        )
+    assert settings["wal_level"] == "logical"
+    assert int(settings["max_replication_slots"]) >= 10
+    assert settings["listen_addresses"] == "127.0.0.1"
+    assert settings["fsync"] == "on"
+    assert oct(own_cluster.password_file.stat().st_mode & 0o777) == "0o600"
+
+
+def test_down_then_up_keeps_the_data(own_cluster: PostgresCluster) -> None:
+    own_cluster.up()
+    with psycopg.connect(own_cluster.conninfo()) as connection:
+        connection.execute("CREATE TABLE kept (x int)")
+        connection.execute("INSERT INTO kept VALUES (42)")
+    own_cluster.down()
+    assert not own_cluster.is_running()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(own_cluster.conninfo(), connect_timeout=2)
+    own_cluster.up()
+    with psycopg.connect(own_cluster.conninfo()) as connection:
+        assert connection.execute("SELECT x FROM kept").fetchone() == (42,)
+
+
+def test_the_password_is_required_over_tcp(own_cluster: PostgresCluster) -> None:
+    own_cluster.up()
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(
+            host="127.0.0.1",
+            port=own_cluster.port,
+            user="postgres",
+            password="wrong",
+            dbname="postgres",
+            connect_timeout=5,
+        )
+
+
+def test_cli_stack_commands(own_cluster: PostgresCluster, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "OUTBOX_STACK_DIR": str(own_cluster.settings.dir),
+        "OUTBOX_STACK_POSTGRES_PORT": str(own_cluster.port),
+    }
+
+    def outbox(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", "stack", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    assert outbox("status").returncode == 1
+    started = outbox("up")
+    assert started.returncode == 0, started.stderr
+    assert f"127.0.0.1:{own_cluster.port}" in started.stdout
+    assert own_cluster.password() not in started.stdout, "the password is never printed"
+    status = outbox("status")
+    assert status.returncode == 0 and "running" in status.stdout
+    exported = outbox("env").stdout
+    assert exported.startswith("export OUTBOX_DATABASE_URL=") and own_cluster.password() in exported
+    assert "==>" in outbox("logs").stdout
+    stopped = outbox("down")
+    assert stopped.returncode == 0 and not own_cluster.is_running()
+
+
+def test_a_bad_port_setting_is_refused_naming_the_variable() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "stack", "status"],
+        env={**os.environ, "OUTBOX_STACK_POSTGRES_PORT": "80"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "OUTBOX_STACK_POSTGRES_PORT" in result.stderr

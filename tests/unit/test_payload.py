@@ -1,0 +1,147 @@
+"""Payload encoding: round trips, special types, and errors that name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import math
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pydantic
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from outbox.core.errors import PayloadTooLargeError, PayloadTypeError
+from outbox.core.payload import encode_json
+
+# Text that jsonb can store: no NUL, no lone surrogates.
+storable_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | storable_text
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(storable_text, children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@given(json_values)
+def test_json_values_round_trip_unchanged(value: Any) -> None:
+    assert json.loads(encode_json(value)) == value
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+class Size(enum.IntEnum):
+    LARGE = 3
+
+
+@dataclasses.dataclass
+class Line:
+    sku: str
+    price: Decimal
+    at: dt.date
+
+
+class Customer(pydantic.BaseModel):
+    id: uuid.UUID
+    since: dt.datetime
+
+
+@given(st.decimals(allow_nan=False, allow_infinity=False))
+def test_decimals_keep_every_digit(value: Decimal) -> None:
+    encoded = json.loads(encode_json({"amount": value}))["amount"]
+    assert isinstance(encoded, str)
+    assert Decimal(encoded) == value and encoded == str(value)
+
+
+@given(st.datetimes(timezones=st.none() | st.timezones()), st.dates(), st.uuids())
+def test_dates_times_and_uuids_round_trip_through_iso_text(
+    moment: dt.datetime, day: dt.date, identifier: uuid.UUID
+) -> None:
+    decoded = json.loads(encode_json({"at": moment, "day": day, "id": identifier}))
+    assert dt.datetime.fromisoformat(decoded["at"]) == moment
+    assert dt.date.fromisoformat(decoded["day"]) == day
+    assert uuid.UUID(decoded["id"]) == identifier
+
+
+def test_enums_dataclasses_and_pydantic_models() -> None:
+    customer_id = uuid.uuid4()
+    since = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    payload = {
+        "colour": Colour.RED,
+        "size": Size.LARGE,
+        "lines": (Line("a-1", Decimal("9.90"), dt.date(2026, 11, 23)),),
+        "customer": Customer(id=customer_id, since=since),
+    }
+    assert json.loads(encode_json(payload)) == {
+        "colour": "red",
+        "size": 3,
+        "lines": [{"sku": "a-1", "price": "9.90", "at": "2026-11-23"}],
+        "customer": {"id": str(customer_id), "since": "2026-01-02T03:04:05Z"},
+    }
+
+
+# A path made of dict keys and list indexes, and the value placed there.
+path_steps = st.lists(
+    st.one_of(st.from_regex(r"[a-z]{1,6}", fullmatch=True), st.integers(0, 3)), max_size=5
+)
+unencodable = st.sampled_from(
+    [object(), {1, 2}, b"bytes", complex(1, 2), math.nan, Decimal("NaN"), "a\x00b", "\ud800"]
+)
+
+
+@given(path_steps, unencodable)
+def test_an_unencodable_value_is_refused_naming_its_path(
+    steps: list[str | int], bad: object
+) -> None:
+    value: Any = bad
+    expected_path = "payload"
+    for step in reversed(steps):
+        value = [None] * step + [value] if isinstance(step, int) else {step: value}
+    for step in steps:
+        expected_path += f"[{step}]" if isinstance(step, int) else f".{step}"
+    with pytest.raises(PayloadTypeError) as raised:
+        encode_json(value)
+    assert raised.value.path == expected_path
+    assert expected_path in str(raised.value)
+    assert isinstance(raised.value, TypeError)
+
+
+def test_non_string_keys_are_refused() -> None:
+    with pytest.raises(PayloadTypeError, match=r"payload\.items has the key 1 of type int"):
+        encode_json({"items": {1: "a"}})
+
+
+def test_dataclass_field_is_named_in_the_path() -> None:
+    @dataclasses.dataclass
+    class Holder:
+        inner: object
+
+    with pytest.raises(PayloadTypeError) as raised:
+        encode_json({"x": [Holder(inner={1, 2})]})
+    assert raised.value.path == "payload.x[0].inner"
+
+
+def test_payload_over_the_limit_is_refused_with_its_size() -> None:
+    with pytest.raises(PayloadTooLargeError, match="OUTBOX_MAX_PAYLOAD_BYTES") as raised:
+        encode_json({"blob": "é" * 600}, max_bytes=1000)
+    assert raised.value.size == len('{"blob":""}') + 1200
+    assert raised.value.limit == 1000
+    assert encode_json({"blob": "é" * 400}, max_bytes=1000)

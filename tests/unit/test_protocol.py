@@ -1,0 +1,113 @@
+"""The SDK's decisions, driven without a database (pure generators, no I/O)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from outbox import Event, EventError
+from outbox.core.protocol import Rows, claim_message, in_lock_order, publish_events
+from outbox.core.statements import OutboxStatements, Result, Statement, to_named_style
+from outbox.core.tables import OutboxTables
+
+STATEMENTS = OutboxStatements(OutboxTables())
+
+
+def run(
+    operation: Generator[Statement, Rows, Any], answers: list[Rows]
+) -> tuple[list[Statement], Any]:
+    """Drive an operation, answering each statement with the next canned rows."""
+    seen: list[Statement] = []
+    try:
+        statement = next(operation)
+        while True:
+            seen.append(statement)
+            statement = operation.send(answers.pop(0))
+    except StopIteration as done:
+        return seen, done.value
+
+
+def publish(events: list[Event], answers: list[Rows]) -> tuple[list[Statement], Any]:
+    operation = publish_events(
+        STATEMENTS, events, max_payload_bytes=10_000, dedup_window=timedelta(hours=24)
+    )
+    return run(operation, answers)
+
+
+def test_a_batch_without_keys_is_one_statement_that_waits_for_nothing() -> None:
+    events = [Event("order", str(n % 3), "E", {"n": n}) for n in range(10)]
+    seen, results = publish(events, [[]])
+    assert len(seen) == 1 and seen[0].result is Result.NOTHING
+    assert [r.event_id for r in results] == [e.event_id for e in events]
+    assert not any(r.duplicate for r in results)
+
+
+def test_batch_parameters_stay_aligned_in_lock_order() -> None:
+    events = [
+        Event("order", "b", "E1", {"n": 1}, dedup_key="k1"),
+        Event("customer", "z", "E2", {"n": 2}),
+        Event("order", "a", "E3", {"n": 3}, dedup_key="k3"),
+        Event("order", "b", "E4", {"n": 4}),
+    ]
+    seen, _ = publish(events, [[(e.event_id,) for e in events]])
+    params = seen[0].params
+    rows = list(
+        zip(
+            params["event_ids"],
+            params["aggregate_types"],
+            params["aggregate_ids"],
+            params["event_types"],
+            params["payloads"],
+            params["dedup_keys"],
+            strict=True,
+        )
+    )
+    by_id = {e.event_id: e for e in events}
+    for event_id, aggregate_type, aggregate_id, event_type, payload, dedup_key in rows:
+        event = by_id[event_id]
+        assert (aggregate_type, aggregate_id, event_type, dedup_key) == (
+            event.aggregate_type,
+            event.aggregate_id,
+            event.event_type,
+            event.dedup_key,
+        )
+        assert json.loads(payload) == event.payload
+    assert [row[3] for row in rows] == ["E2", "E3", "E1", "E4"]
+
+
+def test_lock_order_keeps_each_aggregates_own_order() -> None:
+    events = [Event("order", str(n % 2), f"E{n}", {}) for n in range(6)]
+    ordered = in_lock_order(events)
+    assert [e.event_type for e in ordered if e.aggregate_id == "0"] == ["E0", "E2", "E4"]
+    assert [e.event_type for e in ordered if e.aggregate_id == "1"] == ["E1", "E3", "E5"]
+
+
+def test_live_keys_are_reported_as_duplicates_of_the_original() -> None:
+    new = Event("order", "1", "Paid", {}, dedup_key="fresh")
+    repeated = Event("order", "1", "Paid", {}, dedup_key="seen")
+    original_id = Event("order", "1", "Paid", {}).event_id
+    seen, results = publish([new, repeated], [[(new.event_id,)], [("seen", original_id)]])
+    assert [s.result for s in seen] == [Result.ROWS, Result.ROWS]
+    assert seen[1].params == {"dedup_keys": ["seen"]}
+    assert results[0].event_id == new.event_id and not results[0].duplicate
+    assert results[1].event_id == original_id and results[1].duplicate
+
+
+def test_objects_that_are_not_events_are_refused() -> None:
+    with pytest.raises(EventError, match=r"events\[1\]"):
+        publish([Event("order", "1", "E", {}), {"type": "E"}], [[]])  # type: ignore[list-item]
+
+
+def test_claim_checks_its_arguments() -> None:
+    with pytest.raises(EventError, match="consumer"):
+        run(claim_message(STATEMENTS, "m", ""), [])
+    seen, new = run(claim_message(STATEMENTS, "m", "billing"), [[(True,)]])
+    assert new is True and seen[0].params == {"consumer": "billing", "message_id": "m"}
+
+
+def test_named_style_for_sqlalchemy() -> None:
+    assert to_named_style("a = %(x)s AND b = %(y_1)s") == "a = :x AND b = :y_1"
