@@ -17,7 +17,13 @@ from typing import Any
 from outbox.core.errors import EventError
 from outbox.core.event import Event, PublishResult
 from outbox.core.payload import encode_json
-from outbox.core.statements import OutboxStatements, Result, Statement
+from outbox.core.statements import (
+    EventRow,
+    OutboxStatements,
+    Result,
+    Statement,
+    batch_parameters,
+)
 
 __all__ = ["Rows", "claim_message", "delete_expired", "publish_events"]
 
@@ -62,16 +68,20 @@ def in_lock_order(events: Sequence[Event]) -> list[Event]:
     return sorted(events, key=lambda event: (event.aggregate_type, event.aggregate_id))
 
 
-def _batch_parameters(events: Sequence[Event], max_payload_bytes: int) -> dict[str, Any]:
-    return {
-        "event_ids": [event.event_id for event in events],
-        "aggregate_types": [event.aggregate_type for event in events],
-        "aggregate_ids": [event.aggregate_id for event in events],
-        "event_types": [event.event_type for event in events],
-        "payloads": [encode_json(event.payload, max_bytes=max_payload_bytes) for event in events],
-        "headers": [encode_json(dict(event.headers), root="headers") for event in events],
-        "traceparents": [event.traceparent for event in events],
-    }
+def _rows(events: Sequence[Event], max_payload_bytes: int) -> list[EventRow]:
+    return [
+        EventRow(
+            event.event_id,
+            event.aggregate_type,
+            event.aggregate_id,
+            event.event_type,
+            encode_json(event.payload, max_bytes=max_payload_bytes),
+            encode_json(dict(event.headers), root="headers") if event.headers else "{}",
+            event.traceparent,
+            event.dedup_key,
+        )
+        for event in events
+    ]
 
 
 def publish_events(
@@ -85,21 +95,24 @@ def publish_events(
     plan = plan_batch(events)
     if not plan.events:
         return []
-    ordered = in_lock_order(plan.events)
-    params = _batch_parameters(ordered, max_payload_bytes)
-    keyed = [event for event in plan.events if event.dedup_key is not None]
-    if not keyed:
+    rows = _rows(in_lock_order(plan.events), max_payload_bytes)
+    if not any(row.dedup_key is not None for row in rows):
         # No key: the outcome is known, so rows are not fetched and a pipelined
         # connection need not wait for the server here.
-        yield Statement(statements.insert_events, params, Result.NOTHING)
+        params = batch_parameters(rows, with_dedup=False)
+        yield Statement(statements.insert_events(len(rows)), params, Result.NOTHING)
         return [PublishResult(event.event_id) for event in events]
 
-    params["dedup_keys"] = [event.dedup_key for event in ordered]
+    params = batch_parameters(rows, with_dedup=True)
     params["dedup_window_seconds"] = dedup_window.total_seconds()
-    rows = yield Statement(statements.insert_events_with_dedup, params, Result.ROWS)
-    inserted: set[uuid.UUID] = {row[0] for row in rows}
+    inserted_rows = yield Statement(
+        statements.insert_events_with_dedup(len(rows)), params, Result.ROWS
+    )
+    inserted: set[uuid.UUID] = {row[0] for row in inserted_rows}
     original_by_key: dict[str, uuid.UUID] = {}
-    live_keys = [event.dedup_key for event in keyed if event.event_id not in inserted]
+    live_keys = [
+        row.dedup_key for row in rows if row.dedup_key is not None and row.event_id not in inserted
+    ]
     if live_keys:
         found = yield Statement(statements.find_dedup_keys, {"dedup_keys": live_keys}, Result.ROWS)
         original_by_key = {row[0]: row[1] for row in found}

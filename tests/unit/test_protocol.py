@@ -11,7 +11,13 @@ import pytest
 
 from outbox import Event, EventError
 from outbox.core.protocol import Rows, claim_message, in_lock_order, publish_events
-from outbox.core.statements import OutboxStatements, Result, Statement, to_named_style
+from outbox.core.statements import (
+    MAX_VALUES_ROWS,
+    OutboxStatements,
+    Result,
+    Statement,
+    to_named_style,
+)
 from outbox.core.tables import OutboxTables
 
 STATEMENTS = OutboxStatements(OutboxTables())
@@ -46,37 +52,52 @@ def test_a_batch_without_keys_is_one_statement_that_waits_for_nothing() -> None:
     assert not any(r.duplicate for r in results)
 
 
-def test_batch_parameters_stay_aligned_in_lock_order() -> None:
+COLUMNS = (
+    "id",
+    "aggregatetype",
+    "aggregateid",
+    "type",
+    "payload",
+    "headers",
+    "traceparent",
+    "dedup_key",
+)
+
+
+def bound_rows(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The rows a statement's parameters describe, in order, whichever form it took."""
+    if "ids" in params:  # unnest: one array per column
+        return list(zip(*(params[f"{column}s"] for column in COLUMNS), strict=True))
+    count = sum(1 for name in params if name.startswith("id_"))
+    return [tuple(params[f"{column}_{index}"] for column in COLUMNS) for index in range(count)]
+
+
+@pytest.mark.parametrize("size", [4, MAX_VALUES_ROWS + 1])
+def test_batch_parameters_stay_aligned_in_lock_order(size: int) -> None:
     events = [
-        Event("order", "b", "E1", {"n": 1}, dedup_key="k1"),
-        Event("customer", "z", "E2", {"n": 2}),
-        Event("order", "a", "E3", {"n": 3}, dedup_key="k3"),
-        Event("order", "b", "E4", {"n": 4}),
+        Event(
+            ("order", "customer")[n % 2],
+            str(size - n),
+            f"E{n}",
+            {"n": n},
+            dedup_key=f"k{n}" if n % 3 else None,
+        )
+        for n in range(size)
     ]
     seen, _ = publish(events, [[(e.event_id,) for e in events]])
-    params = seen[0].params
-    rows = list(
-        zip(
-            params["event_ids"],
-            params["aggregate_types"],
-            params["aggregate_ids"],
-            params["event_types"],
-            params["payloads"],
-            params["dedup_keys"],
-            strict=True,
-        )
-    )
+    rows = bound_rows(seen[0].params)
+    assert len(rows) == size
     by_id = {e.event_id: e for e in events}
-    for event_id, aggregate_type, aggregate_id, event_type, payload, dedup_key in rows:
+    for event_id, aggregate_type, aggregate_id, event_type, payload, _h, _t, key in rows:
         event = by_id[event_id]
-        assert (aggregate_type, aggregate_id, event_type, dedup_key) == (
+        assert (aggregate_type, aggregate_id, event_type, key) == (
             event.aggregate_type,
             event.aggregate_id,
             event.event_type,
             event.dedup_key,
         )
         assert json.loads(payload) == event.payload
-    assert [row[3] for row in rows] == ["E2", "E3", "E1", "E4"]
+    assert [(row[1], row[2]) for row in rows] == sorted((row[1], row[2]) for row in rows)
 
 
 def test_lock_order_keeps_each_aggregates_own_order() -> None:
