@@ -89,8 +89,10 @@ def validate_event(event: Event) -> None:
                 f"header {name!r} is set by the outbox itself: pass the trace context as "
                 "traceparent=..., and do not set 'id' or 'eventType'"
             )
-        if not isinstance(value, str) or "\x00" in value:
-            raise EventError(f"headers[{name!r}] must be a str without NUL characters")
+        if not isinstance(value, str) or "\x00" in value or not _is_unicode(value):
+            raise EventError(
+                f"headers[{name!r}] must be a str without NUL characters or lone surrogates"
+            )
 
 
 def _check_text_field(name: str, value: object, max_length: int) -> None:
@@ -98,11 +100,21 @@ def _check_text_field(name: str, value: object, max_length: int) -> None:
         raise EventError(
             f"{name} must be a str, got {type(value).__name__} {value!r}: pass str({name})"
         )
-    if not value or len(value) > max_length or "\x00" in value:
+    if not value or len(value) > max_length or "\x00" in value or not _is_unicode(value):
         raise EventError(
             f"{name}={value!r} is invalid: use a non-empty str of at most {max_length} "
-            "characters without NUL"
+            "characters without NUL or lone surrogates"
         )
+
+
+def _is_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from outbox.core.statements import (
     OutboxStatements,
     Result,
     Statement,
-    batch_parameters,
+    encode_batch,
 )
 
 __all__ = ["Rows", "claim_message", "delete_expired", "publish_events"]
@@ -65,6 +65,8 @@ def in_lock_order(events: Sequence[Event]) -> list[Event]:
     global order means two concurrent batches never wait for each other in a cycle. Only
     the order *within* an aggregate is a promise, and a stable sort keeps it.
     """
+    if len(events) < 2:
+        return list(events)
     return sorted(events, key=lambda event: (event.aggregate_type, event.aggregate_id))
 
 
@@ -96,18 +98,15 @@ def publish_events(
     if not plan.events:
         return []
     rows = _rows(in_lock_order(plan.events), max_payload_bytes)
+    batch = encode_batch(rows)
     if not any(row.dedup_key is not None for row in rows):
         # No key: the outcome is known, so rows are not fetched and a pipelined
         # connection need not wait for the server here.
-        params = batch_parameters(rows, with_dedup=False)
-        yield Statement(statements.insert_events(len(rows)), params, Result.NOTHING)
+        yield Statement(statements.insert_events, {"batch": batch}, Result.NOTHING)
         return [PublishResult(event.event_id) for event in events]
 
-    params = batch_parameters(rows, with_dedup=True)
-    params["dedup_window_seconds"] = dedup_window.total_seconds()
-    inserted_rows = yield Statement(
-        statements.insert_events_with_dedup(len(rows)), params, Result.ROWS
-    )
+    params = {"batch": batch, "dedup_window_seconds": dedup_window.total_seconds()}
+    inserted_rows = yield Statement(statements.insert_events_with_dedup, params, Result.ROWS)
     inserted: set[uuid.UUID] = {row[0] for row in inserted_rows}
     original_by_key: dict[str, uuid.UUID] = {}
     live_keys = [

@@ -1,8 +1,8 @@
 """SQL text for every statement the SDK runs. Builds statements; never runs them.
 
 Templates use psycopg's ``%(name)s`` parameters; :func:`to_named_style` gives the ``:name``
-form SQLAlchemy's ``text()`` takes. A batch of any size is one statement: a VALUES list for
-small batches, arrays taken apart by ``unnest`` for large ones.
+form SQLAlchemy's ``text()`` takes. A batch of any size is one statement whose rows travel
+as a single JSON array parameter, taken apart by ``jsonb_to_recordset``.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from outbox.core.tables import OutboxTables
 
 __all__ = [
-    "MAX_VALUES_ROWS",
     "EventRow",
     "OutboxStatements",
     "Result",
     "Statement",
-    "batch_parameters",
+    "encode_batch",
     "to_named_style",
 ]
 
@@ -51,12 +51,18 @@ class Statement:
     result: Result
 
 
-_COLUMNS = ("id", "aggregatetype", "aggregateid", "type", "payload", "headers", "traceparent")
-_TYPES = ("uuid", "text", "text", "text", "jsonb", "jsonb", "text")
-_COLUMN_LIST = ", ".join(_COLUMNS)
-# Up to this many rows a batch is a VALUES list (cheapest to bind and plan); above it, one row
-# of arrays taken apart by unnest (7 or 8 parameters whatever the size, so no limit applies).
-MAX_VALUES_ROWS = 64
+_COLUMNS = "id, aggregatetype, aggregateid, type, payload, headers, traceparent"
+_RECORD = (
+    "id uuid, aggregatetype text, aggregateid text, type text, payload jsonb, headers jsonb, "
+    "traceparent text, dedup_key text"
+)
+# The whole batch is one jsonb parameter: one short statement text for every batch size,
+# cheap to bind on the client and to parse on the server, and prepared after a few uses.
+_BATCH = (
+    f"ROWS FROM (jsonb_to_recordset(CAST(%(batch)s AS jsonb)) AS ({_RECORD}))\n"
+    "    WITH ORDINALITY AS batch(id, aggregatetype, aggregateid, type, payload, headers,\n"
+    "                             traceparent, dedup_key, ord)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,58 +78,24 @@ class EventRow:
     traceparent: str | None
     dedup_key: str | None
 
-    def values(self) -> tuple[Any, ...]:
-        return (
-            self.event_id,
-            self.aggregate_type,
-            self.aggregate_id,
-            self.event_type,
-            self.payload,
-            self.headers,
-            self.traceparent,
+
+def _quoted(text: str | None) -> str:
+    return "null" if text is None else encode_basestring_ascii(text)
+
+
+def encode_batch(rows: Sequence[EventRow]) -> str:
+    """The rows as the JSON array the statements take apart (payloads embedded as they are)."""
+    return (
+        "["
+        + ",".join(
+            f'{{"id":"{row.event_id}","aggregatetype":{_quoted(row.aggregate_type)},'
+            f'"aggregateid":{_quoted(row.aggregate_id)},"type":{_quoted(row.event_type)},'
+            f'"payload":{row.payload},"headers":{row.headers},'
+            f'"traceparent":{_quoted(row.traceparent)},"dedup_key":{_quoted(row.dedup_key)}}}'
+            for row in rows
         )
-
-
-@lru_cache(maxsize=256)
-def _values_list(count: int, *, with_dedup: bool, cast: bool) -> str:
-    columns = (*_COLUMNS, "dedup_key") if with_dedup else _COLUMNS
-    types = (*_TYPES, "text") if with_dedup else _TYPES
-    rows = []
-    for index in range(count):
-        cells = [
-            f"CAST(%({column}_{index})s AS {type_})" if cast else f"%({column}_{index})s"
-            for column, type_ in zip(columns, types, strict=True)
-        ]
-        if with_dedup:
-            cells.append(str(index))
-        rows.append(f"({', '.join(cells)})")
-    return "VALUES " + ",\n       ".join(rows)
-
-
-def _unnest(*, with_dedup: bool) -> str:
-    columns = (*_COLUMNS, "dedup_key") if with_dedup else _COLUMNS
-    types = (*_TYPES, "text") if with_dedup else _TYPES
-    arrays = ", ".join(
-        f"CAST(%({column}s)s AS {type_}[])" for column, type_ in zip(columns, types, strict=True)
+        + "]"
     )
-    return f"SELECT * FROM unnest({arrays}) WITH ORDINALITY"
-
-
-def batch_parameters(rows: Sequence[EventRow], *, with_dedup: bool) -> dict[str, Any]:
-    """Parameters for :meth:`OutboxStatements.insert_events` with these rows."""
-    columns = (*_COLUMNS, "dedup_key") if with_dedup else _COLUMNS
-    if len(rows) > MAX_VALUES_ROWS:
-        cells = [(*row.values(), row.dedup_key) if with_dedup else row.values() for row in rows]
-        return {
-            f"{column}s": list(values)
-            for column, values in zip(columns, zip(*cells, strict=True), strict=True)
-        }
-    params: dict[str, Any] = {}
-    for index, row in enumerate(rows):
-        values = (*row.values(), row.dedup_key) if with_dedup else row.values()
-        for column, value in zip(columns, values, strict=True):
-            params[f"{column}_{index}"] = value
-    return params
 
 
 @dataclass(frozen=True)
@@ -132,40 +104,26 @@ class OutboxStatements:
 
     tables: OutboxTables
 
-    def insert_events(self, count: int) -> str:
-        """Insert ``count`` rows with no dedup keys, in order. The table's trigger assigns
-        positions (see the migration)."""
-        return self._insert_events(count)
+    @cached_property
+    def insert_events(self) -> str:
+        """Insert the batch's rows in order; the table's trigger assigns their positions."""
+        return (
+            f"INSERT INTO {self.tables.qualified_outbox} ({_COLUMNS})\n"
+            f"SELECT {_COLUMNS} FROM {_BATCH}\n"
+            f"ORDER BY ord"
+        )
 
-    @lru_cache(maxsize=256)  # noqa: B019 - a handful of instances, kept for the process
-    def _insert_events(self, count: int) -> str:
-        target = f"INSERT INTO {self.tables.qualified_outbox} ({_COLUMN_LIST})\n"
-        if count > MAX_VALUES_ROWS:
-            return (
-                f"{target}SELECT {_COLUMN_LIST} FROM ({_unnest(with_dedup=False)})"
-                f" AS batch({_COLUMN_LIST}, ord) ORDER BY ord"
-            )
-        return target + _values_list(count, with_dedup=False, cast=False)
-
-    def insert_events_with_dedup(self, count: int) -> str:
-        """Insert ``count`` rows, skipping those whose dedup key is live; return inserted ids.
+    @cached_property
+    def insert_events_with_dedup(self) -> str:
+        """Insert the batch's rows, skipping those whose dedup key is live; return inserted ids.
 
         A key is live while its row is younger than the window. An expired key is taken over
         by the new event. Two transactions with one key: the second waits on the key's unique
         index until the first ends, then sees the conflict, so exactly one event is written.
         """
-        return self._insert_events_with_dedup(count)
-
-    @lru_cache(maxsize=256)  # noqa: B019 - a handful of instances, kept for the process
-    def _insert_events_with_dedup(self, count: int) -> str:
-        source = (
-            _unnest(with_dedup=True)
-            if count > MAX_VALUES_ROWS
-            else _values_list(count, with_dedup=True, cast=True)
-        )
         dedup = self.tables.qualified_dedup
         return (
-            f"WITH batch ({_COLUMN_LIST}, dedup_key, ord) AS MATERIALIZED (\n{source}\n),\n"
+            f"WITH batch AS MATERIALIZED (SELECT * FROM {_BATCH}),\n"
             f"claimed AS (\n"
             f"    INSERT INTO {dedup} AS d (dedup_key, event_id)\n"
             f"    SELECT dedup_key, id FROM batch WHERE dedup_key IS NOT NULL\n"
@@ -175,8 +133,8 @@ class OutboxStatements:
             f" - make_interval(secs => %(dedup_window_seconds)s)\n"
             f"    RETURNING d.event_id\n"
             f")\n"
-            f"INSERT INTO {self.tables.qualified_outbox} ({_COLUMN_LIST})\n"
-            f"SELECT {_COLUMN_LIST} FROM batch\n"
+            f"INSERT INTO {self.tables.qualified_outbox} ({_COLUMNS})\n"
+            f"SELECT {_COLUMNS} FROM batch\n"
             f"WHERE dedup_key IS NULL OR id IN (SELECT event_id FROM claimed)\n"
             f"ORDER BY ord\n"
             f"RETURNING id"

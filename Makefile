@@ -1,0 +1,41 @@
+# The project's commands. `make demo` and `make test` are all a newcomer needs.
+# The first target that needs the virtual environment creates it (.venv, git-ignored)
+# and installs the project with its dev extras; downloads are cached in .cache/ (ignored).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test lint bench stack-down clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+## demo: the main job on the local stack (starts a private Postgres; `make stack-down` stops it)
+demo: $(STAMP)
+	$(BIN)/outbox demo
+
+## test: the whole test suite against real services started by the suite itself
+test: $(STAMP)
+	$(BIN)/pytest
+
+## lint: ruff and mypy --strict on the package code
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy outbox cli stack migrations examples
+
+## bench: the SDK benchmark (prints figures and ratios)
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.sdk_publish
+
+stack-down: $(STAMP)
+	$(BIN)/outbox stack down
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
