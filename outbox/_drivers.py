@@ -30,6 +30,7 @@ __all__ = [
     "AsyncTransaction",
     "SyncTransaction",
     "async_executor",
+    "check_psycopg_transaction",
     "drive",
     "drive_async",
     "sync_executor",
@@ -79,7 +80,7 @@ def _text_clause(sql: str) -> TextClause:
 def sync_executor(transaction: object) -> SyncExecutor:
     """Check ``transaction`` and return a function that runs statements in it."""
     if isinstance(transaction, psycopg.Connection):
-        _check_psycopg(transaction)
+        check_psycopg_transaction(transaction)
         return lambda statement: _run_psycopg(transaction, statement)
     if isinstance(transaction, Session):
         if not transaction.in_transaction():
@@ -108,7 +109,7 @@ def sync_executor(transaction: object) -> SyncExecutor:
 async def async_executor(transaction: object) -> AsyncExecutor:
     """The async twin of :func:`sync_executor`."""
     if isinstance(transaction, psycopg.AsyncConnection):
-        _check_psycopg(transaction)
+        check_psycopg_transaction(transaction)
 
         async def run_psycopg(statement: Statement) -> Rows:
             cursor = await transaction.execute(statement.sql, statement.params)
@@ -167,7 +168,9 @@ def _rowcount(rowcount: int, statement: Statement) -> Rows:
     return [(rowcount,)] if statement.result is Result.ROWCOUNT else []
 
 
-def _check_psycopg(connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+def check_psycopg_transaction(
+    connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+) -> None:
     status = connection.info.transaction_status
     in_pipeline = connection.pgconn.pipeline_status != pq.PipelineStatus.OFF
     if status == pq.TransactionStatus.INTRANS:

@@ -6,11 +6,22 @@ refuse a connection that is in autocommit mode or outside a transaction.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from typing import Any
 
-from outbox._drivers import async_executor, drive, drive_async, sync_executor
+import psycopg
+from psycopg import sql
+
+from outbox._drivers import (
+    async_executor,
+    check_psycopg_transaction,
+    drive,
+    drive_async,
+    sync_executor,
+)
+from outbox.core.errors import EventError, UnsupportedTransactionError
 from outbox.core.event import Event, PublishResult
-from outbox.core.protocol import Rows, delete_expired, publish_events
+from outbox.core.protocol import Rows, attached_batch, delete_expired, publish_events
 from outbox.core.statements import OutboxStatements, Statement
 from outbox.settings import OutboxSettings
 
@@ -30,9 +41,43 @@ class _OutboxBase:
             dedup_window=self.settings.dedup_window,
         )
 
+    def _attach(
+        self,
+        connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        query: str | sql.Composable,
+        params: Sequence[Any] | Mapping[str, Any] | None,
+        events: Iterable[Event],
+    ) -> tuple[sql.SQL, Sequence[Any] | Mapping[str, Any]]:
+        """The caller's statement with our events attached, and its parameters."""
+        batch = attached_batch(list(events), max_payload_bytes=self.settings.max_payload_bytes)
+        text = query if isinstance(query, str) else query.as_string(connection)
+        if isinstance(params, Mapping):
+            if _BATCH_PARAMETER in params:
+                raise EventError(f"the parameter name {_BATCH_PARAMETER!r} is the outbox's own")
+            combined = self._statements.with_events(text, f"%({_BATCH_PARAMETER})s")
+            return _trusted(combined), {**params, _BATCH_PARAMETER: batch}
+        combined = self._statements.with_events(text, "%s")
+        return _trusted(combined), (batch, *(params or ()))
+
     def _delete_expired_dedup_keys(self) -> Generator[Statement, Rows, int]:
         return delete_expired(
             self._statements.delete_expired_dedup_keys, self.settings.dedup_window
+        )
+
+
+_BATCH_PARAMETER = "outbox_batch"
+
+
+def _trusted(text: str) -> sql.SQL:
+    # The caller's own query text plus ours (built from validated identifiers only).
+    return sql.SQL(text)
+
+
+def _psycopg_only(transaction: object, method: str) -> None:
+    if not isinstance(transaction, psycopg.Connection | psycopg.AsyncConnection):
+        raise UnsupportedTransactionError(
+            f"{method}() attaches events to a psycopg statement; with SQLAlchemy, "
+            "use publish() or publish_many()"
         )
 
 
@@ -53,6 +98,26 @@ class Outbox(_OutboxBase):
         """Write ``events`` in one statement, in order; one result per event, in order."""
         return drive(self._publish(events), sync_executor(transaction))
 
+    def execute(
+        self,
+        connection: psycopg.Connection[Any],
+        query: str | sql.Composable,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        events: Iterable[Event],
+    ) -> psycopg.Cursor[Any]:
+        """Run your own statement with ``events`` attached: one statement, one round trip.
+
+        The events are inserted by a data-modifying CTE in front of ``query``, so they
+        commit or roll back with it; the returned cursor holds your statement's results.
+        psycopg connections only, inside a transaction; events with a dedup key are refused
+        (use :meth:`publish`, which reports duplicates).
+        """
+        _psycopg_only(connection, "execute")
+        check_psycopg_transaction(connection)
+        statement, arguments = self._attach(connection, query, params, events)
+        return connection.execute(statement, arguments)
+
     def delete_expired_dedup_keys(self, transaction: object) -> int:
         """Forget dedup keys older than the window; return how many were deleted."""
         return drive(self._delete_expired_dedup_keys(), sync_executor(transaction))
@@ -71,6 +136,20 @@ class AsyncOutbox(_OutboxBase):
     ) -> list[PublishResult]:
         """Write ``events`` in one statement, in order; one result per event, in order."""
         return await drive_async(self._publish(events), await async_executor(transaction))
+
+    async def execute(
+        self,
+        connection: psycopg.AsyncConnection[Any],
+        query: str | sql.Composable,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        events: Iterable[Event],
+    ) -> psycopg.AsyncCursor[Any]:
+        """Run your own statement with ``events`` attached: one statement, one round trip."""
+        _psycopg_only(connection, "execute")
+        check_psycopg_transaction(connection)
+        statement, arguments = self._attach(connection, query, params, events)
+        return await connection.execute(statement, arguments)
 
     async def delete_expired_dedup_keys(self, transaction: object) -> int:
         """Forget dedup keys older than the window; return how many were deleted."""

@@ -64,26 +64,48 @@ def encode_json(value: object, *, root: str = "payload", max_bytes: int | None =
 
 def to_json_value(value: object, path: str = "payload") -> JsonValue:
     """Convert ``value`` to plain JSON types, or raise naming the path of the bad field."""
-    # The common types first: this runs for every field of every event.
-    if value is None or value is True or value is False:
-        return value
-    if isinstance(value, str):
+    # Exact built-in types first, without isinstance: this runs for every field of every event.
+    if type(value) is str:
         _check_text(value, path)
         return value
-    if isinstance(value, int) and not isinstance(value, enum.Enum):
+    if value is None or type(value) is int or type(value) is bool:
+        return value
+    if type(value) is dict:
+        return _mapping_to_json(value, path)
+    if type(value) is float:
+        return _finite(value, path)
+    if type(value) is list or type(value) is tuple:
+        return [to_json_value(item, f"{path}[{index}]") for index, item in enumerate(value)]
+    return _subclass_to_json(value, path)
+
+
+def _subclass_to_json(value: object, path: str) -> JsonValue:
+    """Subclasses of the built-in types (enums first), and the special types."""
+    if isinstance(value, enum.Enum):
+        return to_json_value(value.value, path)
+    if isinstance(value, str):
+        _check_text(value, path)
+        return str(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
         return int(value)
-    if isinstance(value, float) and not isinstance(value, enum.Enum):
-        if not math.isfinite(value):
-            raise PayloadTypeError(
-                f"{path} is {value!r}, which JSON cannot represent: use a finite number or None",
-                path=path,
-            )
-        return float(value)
+    if isinstance(value, float):
+        return _finite(float(value), path)
     if isinstance(value, Mapping):
         return _mapping_to_json(value, path)
     if isinstance(value, list | tuple):
         return [to_json_value(item, f"{path}[{index}]") for index, item in enumerate(value)]
     return _special_to_json(value, path)
+
+
+def _finite(value: float, path: str) -> float:
+    if not math.isfinite(value):
+        raise PayloadTypeError(
+            f"{path} is {value!r}, which JSON cannot represent: use a finite number or None",
+            path=path,
+        )
+    return value
 
 
 def _mapping_to_json(value: Mapping[Any, Any], path: str) -> dict[str, JsonValue]:
@@ -101,8 +123,6 @@ def _mapping_to_json(value: Mapping[Any, Any], path: str) -> dict[str, JsonValue
 
 
 def _special_to_json(value: object, path: str) -> JsonValue:
-    if isinstance(value, enum.Enum):
-        return to_json_value(value.value, path)
     if isinstance(value, Decimal):
         if not value.is_finite():
             raise PayloadTypeError(

@@ -25,7 +25,7 @@ from outbox.core.statements import (
     encode_batch,
 )
 
-__all__ = ["Rows", "claim_message", "delete_expired", "publish_events"]
+__all__ = ["Rows", "attached_batch", "claim_message", "delete_expired", "publish_events"]
 
 Rows = Sequence[Sequence[Any]]
 Operation = Generator[Statement, Rows, Any]
@@ -129,6 +129,22 @@ def publish_events(
             original = original_by_key.get(event.dedup_key, event.event_id)
             results.append(PublishResult(original, duplicate=True))
     return results
+
+
+def attached_batch(events: Sequence[Event], *, max_payload_bytes: int) -> str:
+    """The batch parameter for events that ride along with the caller's own statement.
+
+    Such a statement returns the caller's rows, not ours, so it cannot tell which dedup keys
+    were live: events with a dedup key are refused here (publish them with ``publish``).
+    """
+    plan = plan_batch(events)
+    for index, event in enumerate(events):
+        if event.dedup_key is not None:
+            raise EventError(
+                f"events[{index}] has a dedup_key: execute() cannot report duplicates, so "
+                "publish events with dedup keys through publish() or publish_many()"
+            )
+    return encode_batch(_rows(in_lock_order(plan.events), max_payload_bytes))
 
 
 def claim_message(

@@ -58,11 +58,13 @@ _RECORD = (
 )
 # The whole batch is one jsonb parameter: one short statement text for every batch size,
 # cheap to bind on the client and to parse on the server, and prepared after a few uses.
-_BATCH = (
-    f"ROWS FROM (jsonb_to_recordset(CAST(%(batch)s AS jsonb)) AS ({_RECORD}))\n"
+_BATCH_TEMPLATE = (
+    f"ROWS FROM (jsonb_to_recordset(CAST({{batch}} AS jsonb)) AS ({_RECORD}))\n"
     "    WITH ORDINALITY AS batch(id, aggregatetype, aggregateid, type, payload, headers,\n"
     "                             traceparent, dedup_key, ord)"
 )
+_BATCH = _BATCH_TEMPLATE.format(batch="%(batch)s")
+_LEADING_WITH = re.compile(r"\s*WITH\s", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,22 @@ class OutboxStatements:
             f"SELECT {_COLUMNS} FROM {_BATCH}\n"
             f"ORDER BY ord"
         )
+
+    def with_events(self, query: str, batch_placeholder: str) -> str:
+        """``query`` preceded by a data-modifying CTE that inserts the batch.
+
+        One statement, one round trip: the events commit or roll back with the query.
+        ``batch_placeholder`` is how the query's parameter style names the batch parameter.
+        """
+        insert = (
+            f"INSERT INTO {self.tables.qualified_outbox} ({_COLUMNS})\n"
+            f"SELECT {_COLUMNS} FROM {_BATCH_TEMPLATE.format(batch=batch_placeholder)}\n"
+            f"ORDER BY ord"
+        )
+        leading_with = _LEADING_WITH.match(query)
+        if leading_with is not None:
+            return f"WITH outbox_events AS ({insert}),\n{query[leading_with.end() :]}"
+        return f"WITH outbox_events AS ({insert})\n{query}"
 
     @cached_property
     def insert_events_with_dedup(self) -> str:

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from outbox import (
     AsyncOutbox,
     Event,
+    EventError,
     Outbox,
     TransactionRequiredError,
     UnsupportedTransactionError,
@@ -311,3 +312,80 @@ def test_headers_and_traceparent_are_stored(database: ScratchDatabase) -> None:
             "SELECT headers, traceparent FROM outbox.outbox WHERE id = %s", (event.event_id,)
         ).fetchone()
     assert row == ({"tenant": "acme"}, traceparent)
+
+
+# --- events attached to the caller's own statement ----------------------------------------
+
+
+def test_execute_attaches_events_to_the_callers_statement(database: ScratchDatabase) -> None:
+    note = uuid.uuid4().hex
+    outbox = Outbox()
+    events = [order_placed(note, i) for i in range(3)]
+    with psycopg.connect(database.conninfo, cursor_factory=CountingCursor) as connection:
+        with connection.transaction():
+            CountingCursor.statements.clear()
+            cursor = outbox.execute(
+                connection,
+                "INSERT INTO app_orders (note) VALUES (%s) RETURNING note",
+                (note,),
+                events=events,
+            )
+            assert cursor.fetchall() == [(note,)], "the cursor holds the caller's results"
+            assert len(CountingCursor.statements) == 1
+        with connection.transaction():
+            outbox.execute(
+                connection,
+                "WITH n AS (SELECT %(note)s AS note) INSERT INTO app_orders (note) "
+                "SELECT note FROM n",
+                {"note": note},
+                events=[order_placed(note, 3)],
+            )
+    assert counts(database, note) == (2, 4)
+    with database.connect() as connection:
+        ids = [
+            row[0]
+            for row in connection.execute(
+                "SELECT id FROM outbox.outbox WHERE aggregateid = %s ORDER BY position", (note,)
+            )
+        ]
+    assert ids[:3] == [event.event_id for event in events]
+
+
+def test_execute_rolls_back_with_the_callers_statement(database: ScratchDatabase) -> None:
+    note = uuid.uuid4().hex
+    with psycopg.connect(database.conninfo) as connection:
+        with pytest.raises(psycopg.errors.NotNullViolation), connection.transaction():
+            Outbox().execute(
+                connection,
+                "INSERT INTO app_orders (note) VALUES (%s)",
+                (None,),
+                events=[order_placed(note)],
+            )
+    assert counts(database, note) == (0, 0)
+
+
+async def test_async_execute_and_its_refusals(database: ScratchDatabase, engine: sa.Engine) -> None:
+    note = uuid.uuid4().hex
+    outbox = AsyncOutbox()
+    async with await psycopg.AsyncConnection.connect(database.conninfo) as connection:
+        async with connection.transaction():
+            await outbox.execute(
+                connection,
+                "INSERT INTO app_orders (note) VALUES (%s)",
+                (note,),
+                events=[order_placed(note)],
+            )
+        with pytest.raises(EventError, match="dedup_key"):
+            async with connection.transaction():
+                await outbox.execute(
+                    connection,
+                    "SELECT 1",
+                    events=[Event("order", note, "Paid", {}, dedup_key="k")],
+                )
+    with psycopg.connect(database.conninfo, autocommit=True) as connection:
+        with pytest.raises(TransactionRequiredError):
+            Outbox().execute(connection, "SELECT 1", events=[order_placed(note)])
+    with Session(engine) as session, session.begin():
+        with pytest.raises(UnsupportedTransactionError, match="publish"):
+            Outbox().execute(session, "SELECT 1", events=[order_placed(note)])  # type: ignore[arg-type]
+    assert counts(database, note) == (1, 1)
