@@ -1,14 +1,17 @@
-"""The private Postgres of the local stack, and a throw-away database per test session.
+"""A private Postgres of the suite's own, and throw-away databases.
 
-The cluster is started if it is not running (and stopped again at the end in that case).
+The suite runs its own cluster of the local stack (``.stack/test``, on a free loopback
+port), apart from the one ``outbox stack up`` runs for development, and stops it at the end.
 Tests only ever use databases they create themselves, named ``outbox_test_*``.
 """
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -36,14 +39,24 @@ class ScratchDatabase:
         return psycopg.connect(self.conninfo, **kwargs)  # type: ignore[arg-type]
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[PostgresCluster]:
-    cluster = PostgresCluster(StackSettings())
-    started_here = not cluster.is_running()
+    cluster = PostgresCluster(
+        StackSettings(dir=ROOT / ".stack" / "test", postgres_port=free_port())
+    )
+    cluster.down()  # left running by an interrupted run, perhaps on another port
     cluster.up()
     yield cluster
-    if started_here:
-        cluster.down()
+    cluster.down()
 
 
 def _create_database(cluster: PostgresCluster, purpose: str) -> ScratchDatabase:

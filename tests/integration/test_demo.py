@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stack import PostgresCluster, StackSettings
+from tests.fix_postgres import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -21,9 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_demo_places_orders_and_shows_the_outbox() -> None:
     folder = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
     folder.chmod(0o755)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "OUTBOX_STACK_DIR": str(folder),

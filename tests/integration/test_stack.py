@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,14 +14,9 @@ import psycopg
 import pytest
 
 from stack import PostgresCluster, StackError, StackSettings
+from tests.fix_postgres import free_port
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
