@@ -81,3 +81,31 @@ def current(
         now = migrations.current(connection, settings=settings)
     engine.dispose()
     typer.echo(now or "base")
+
+
+@app.command()
+def grant(
+    role: str = typer.Argument(..., help="An existing database role (a plain identifier)."),
+    publisher: bool = typer.Option(False, "--publisher", help="Allow it to publish events."),
+    consumer: bool = typer.Option(False, "--consumer", help="Allow it to claim inbox messages."),
+    database_url: str | None = typer.Option(None, "--database-url", help=DATABASE_URL_HELP),
+) -> None:
+    """Grant ROLE the least privileges to publish events and/or consume them idempotently."""
+    import migrations
+    from outbox.settings import OutboxSettings
+
+    if not (publisher or consumer):
+        typer.secho("choose --publisher, --consumer or both", err=True, fg="red")
+        raise typer.Exit(2)
+    settings = load(OutboxSettings)
+    engine = _engine(database_url)
+    with friendly_errors(), engine.begin() as connection:
+        if publisher:
+            migrations.grant_publisher(connection, role, settings=settings)
+        if consumer:
+            migrations.grant_consumer(connection, role, settings=settings)
+    engine.dispose()
+    granted = " and ".join(
+        name for name, chosen in (("publisher", publisher), ("consumer", consumer)) if chosen
+    )
+    typer.echo(f"granted {granted} privileges to {role}")

@@ -25,9 +25,17 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from migrations.names import settings_in_use
+from outbox.core.identifiers import quote_identifier
 from outbox.settings import OutboxSettings
 
-__all__ = ["VERSION_TABLE", "current", "downgrade", "upgrade"]
+__all__ = [
+    "VERSION_TABLE",
+    "current",
+    "downgrade",
+    "grant_consumer",
+    "grant_publisher",
+    "upgrade",
+]
 
 VERSION_TABLE = "outbox_alembic_version"
 SCRIPT_LOCATION = Path(__file__).resolve().parent
@@ -64,6 +72,39 @@ def current(connection: Connection, *, settings: OutboxSettings | None = None) -
     """The applied revision, or None when the outbox objects were never created."""
     settings = settings if settings is not None else OutboxSettings()
     return _context(connection, settings).get_current_revision()
+
+
+def grant_publisher(
+    connection: Connection, role: str, *, settings: OutboxSettings | None = None
+) -> None:
+    """Grant ``role`` what publishing needs, and nothing more.
+
+    It may insert events (not read or change them), draw positions, and use dedup keys.
+    """
+    tables = (settings if settings is not None else OutboxSettings()).tables
+    grantee = quote_identifier(role, field="role")
+    for statement in (
+        f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
+        f"GRANT INSERT ON {tables.qualified_outbox} TO {grantee}",
+        # Only the event id can be read back: publishes with dedup keys return inserted ids.
+        f"GRANT SELECT (id) ON {tables.qualified_outbox} TO {grantee}",
+        f"GRANT USAGE ON SEQUENCE {tables.qualified_position_sequence} TO {grantee}",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables.qualified_dedup} TO {grantee}",
+    ):
+        connection.execute(text(statement))
+
+
+def grant_consumer(
+    connection: Connection, role: str, *, settings: OutboxSettings | None = None
+) -> None:
+    """Grant ``role`` what an idempotent consumer needs: claims in the inbox, and cleanup."""
+    tables = (settings if settings is not None else OutboxSettings()).tables
+    grantee = quote_identifier(role, field="role")
+    for statement in (
+        f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
+        f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_inbox} TO {grantee}",
+    ):
+        connection.execute(text(statement))
 
 
 def _script() -> ScriptDirectory:

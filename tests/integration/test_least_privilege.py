@@ -1,0 +1,120 @@
+"""Application roles with only the granted privileges can publish and claim, and no more."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from outbox import Event, Inbox, Outbox
+from tests.fix_postgres import ScratchDatabase
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make_role(database: ScratchDatabase, prefix: str) -> tuple[str, str]:
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    password = secrets.token_urlsafe(12)
+    with database.connect(autocommit=True) as admin:
+        admin.execute(
+            psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                psycopg.sql.Identifier(name), psycopg.sql.Literal(password)
+            )
+        )
+    return name, password
+
+
+def connect_as(database: ScratchDatabase, role: str, password: str) -> psycopg.Connection:
+    return psycopg.connect(
+        host="127.0.0.1",
+        port=database.cluster.port,
+        dbname=database.name,
+        user=role,
+        password=password,
+    )
+
+
+@pytest.fixture
+def publisher(database: ScratchDatabase) -> Iterator[tuple[str, str]]:
+    role = make_role(database, "app_publisher")
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "db", "grant", role[0], "--publisher"],
+        env={**os.environ, "OUTBOX_DATABASE_URL": database.url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    yield role
+    drop_role(database, role[0])
+
+
+def drop_role(database: ScratchDatabase, name: str) -> None:
+    with database.connect(autocommit=True) as admin:
+        identifier = psycopg.sql.Identifier(name)
+        admin.execute(psycopg.sql.SQL("DROP OWNED BY {}").format(identifier))
+        admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(identifier))
+
+
+def test_a_publisher_role_publishes_and_cannot_read_events(
+    database: ScratchDatabase, publisher: tuple[str, str]
+) -> None:
+    outbox = Outbox()
+    key = f"k-{uuid.uuid4()}"
+    with connect_as(database, *publisher) as connection:
+        with connection.transaction():
+            outbox.publish(connection, Event("order", "1", "OrderPlaced", {"secret": "x"}))
+            first = outbox.publish(connection, Event("order", "1", "Paid", {}, dedup_key=key))
+        with connection.transaction():
+            again = outbox.publish(connection, Event("order", "1", "Paid", {}, dedup_key=key))
+            outbox.execute(connection, "SELECT 1", events=[Event("order", "1", "Seen", {})])
+        assert again.duplicate and again.event_id == first.event_id
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            connection.execute("SELECT payload FROM outbox.outbox")
+        connection.rollback()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            connection.execute("DELETE FROM outbox.outbox")
+
+
+def test_a_consumer_role_claims_and_cleans_up(database: ScratchDatabase) -> None:
+    import migrations
+
+    name, password = make_role(database, "app_consumer")
+    engine = sa.create_engine(database.url)
+    try:
+        with engine.begin() as connection:
+            migrations.grant_consumer(connection, name)
+    finally:
+        engine.dispose()
+    try:
+        with connect_as(database, name, password) as connection:
+            with connection.transaction():
+                assert Inbox().claim(connection, "m-1", consumer="ledger") is True
+                assert Inbox().claim(connection, "m-1", consumer="ledger") is False
+            with connection.transaction():
+                assert Inbox().delete_expired(connection) == 0
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                connection.execute("INSERT INTO outbox.outbox (id) VALUES (gen_random_uuid())")
+    finally:
+        drop_role(database, name)
+
+
+def test_a_role_name_that_is_not_a_plain_identifier_is_refused(database: ScratchDatabase) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.main", "db", "grant", 'x"; DROP TABLE y; --', "--consumer"],
+        env={**os.environ, "OUTBOX_DATABASE_URL": database.url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "role" in result.stderr and "plain SQL identifier" in result.stderr
