@@ -7,6 +7,7 @@ refuse a connection that is in autocommit mode or outside a transaction.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -47,17 +48,21 @@ class _OutboxBase:
         query: str | sql.Composable,
         params: Sequence[Any] | Mapping[str, Any] | None,
         events: Iterable[Event],
-    ) -> tuple[sql.SQL, Sequence[Any] | Mapping[str, Any]]:
+    ) -> tuple[bytes, Sequence[Any] | Mapping[str, Any]]:
         """The caller's statement with our events attached, and its parameters."""
         batch = attached_batch(list(events), max_payload_bytes=self.settings.max_payload_bytes)
         text = query if isinstance(query, str) else query.as_string(connection)
         if isinstance(params, Mapping):
             if _BATCH_PARAMETER in params:
                 raise EventError(f"the parameter name {_BATCH_PARAMETER!r} is the outbox's own")
-            combined = self._statements.with_events(text, f"%({_BATCH_PARAMETER})s")
-            return _trusted(combined), {**params, _BATCH_PARAMETER: batch}
-        combined = self._statements.with_events(text, "%s")
-        return _trusted(combined), (batch, *(params or ()))
+            combined = self._with_events(text, f"%({_BATCH_PARAMETER})s")
+            return combined, {**params, _BATCH_PARAMETER: batch}
+        return self._with_events(text, "%s"), (batch, *(params or ()))
+
+    @lru_cache(maxsize=512)  # noqa: B019 - applications run a handful of statements, forever
+    def _with_events(self, query: str, placeholder: str) -> bytes:
+        # bytes: the caller's text plus ours (validated identifiers only), not a literal.
+        return self._statements.with_events(query, placeholder).encode()
 
     def _delete_expired_dedup_keys(self) -> Generator[Statement, Rows, int]:
         return delete_expired(
@@ -66,11 +71,6 @@ class _OutboxBase:
 
 
 _BATCH_PARAMETER = "outbox_batch"
-
-
-def _trusted(text: str) -> sql.SQL:
-    # The caller's own query text plus ours (built from validated identifiers only).
-    return sql.SQL(text)
 
 
 def _psycopg_only(transaction: object, method: str) -> None:

@@ -41,14 +41,15 @@ from outbox.core.errors import PayloadTooLargeError, PayloadTypeError
 
 __all__ = ["JsonValue", "encode_json", "to_json_value"]
 
+# One encoder for the process: json.dumps with options builds a new one on every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
 
 def encode_json(value: object, *, root: str = "payload", max_bytes: int | None = None) -> str:
     """Encode ``value`` to compact JSON text; refuse it if larger than ``max_bytes`` (UTF-8)."""
-    text = json.dumps(
-        to_json_value(value, root), ensure_ascii=False, allow_nan=False, separators=(",", ":")
-    )
+    text = _ENCODER.encode(to_json_value(value, root))
     if max_bytes is not None:
         # A str's UTF-8 size is at most 4 bytes per character: skip the encode when it fits anyway.
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
