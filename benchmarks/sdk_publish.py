@@ -109,6 +109,10 @@ def client(
 
 
 def measure(conninfo: str, scenario: Scenario, clients: int, seconds: float) -> float:
+    # Every measurement starts right after a checkpoint, so the full-page writes that follow
+    # one fall on every scenario alike instead of on whichever runs when one happens.
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute("CHECKPOINT")
     results: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     start_at = time.time() + 1.0
     processes = [

@@ -1,7 +1,9 @@
-"""``outbox db``: the outbox's own Alembic migrations (own version table)."""
+"""``outbox db``: the outbox's own Alembic migrations (own version table), and grants."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import typer
@@ -9,77 +11,75 @@ import typer
 from cli._common import friendly_errors, load
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection
+
+    from outbox.settings import OutboxSettings
 
 app = typer.Typer(
     help="Create, upgrade or remove the outbox tables and publication (Alembic).",
     no_args_is_help=True,
 )
 
-DATABASE_URL_HELP = (
-    "SQLAlchemy URL of the database; default: the OUTBOX_DATABASE_URL environment variable."
+DATABASE_URL_OPTION = typer.Option(
+    None,
+    "--database-url",
+    help="SQLAlchemy URL of the database; default: the OUTBOX_DATABASE_URL environment variable.",
 )
 
 
-def _engine(database_url: str | None) -> Engine:
+@contextmanager
+def _database(database_url: str | None) -> Iterator[tuple[Connection, OutboxSettings]]:
+    """One connection in one transaction (committed on success), and the outbox settings."""
     from sqlalchemy import create_engine
 
-    from outbox.settings import DatabaseSettings
+    from outbox.settings import DatabaseSettings, OutboxSettings
 
+    settings = load(OutboxSettings)
     if database_url is None:
         database_url = load(DatabaseSettings).database_url.get_secret_value()
-    return create_engine(database_url)
+    engine = create_engine(database_url)
+    try:
+        with friendly_errors(), engine.begin() as connection:
+            yield connection, settings
+    finally:
+        engine.dispose()
 
 
 @app.command()
 def upgrade(
     revision: str = typer.Argument("head", help="Target revision."),
-    database_url: str | None = typer.Option(None, "--database-url", help=DATABASE_URL_HELP),
+    database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """Upgrade the outbox objects to REVISION (default: the newest)."""
     import migrations
-    from outbox.settings import OutboxSettings
 
-    settings = load(OutboxSettings)
-    engine = _engine(database_url)
-    with friendly_errors(), engine.begin() as connection:
+    with _database(database_url) as (connection, settings):
         migrations.upgrade(connection, revision, settings=settings)
         now = migrations.current(connection, settings=settings)
-    engine.dispose()
     typer.echo(f"outbox schema {settings.schema_name!r} at revision {now}")
 
 
 @app.command()
 def downgrade(
     revision: str = typer.Argument(..., help="Target revision; 'base' removes everything."),
-    database_url: str | None = typer.Option(None, "--database-url", help=DATABASE_URL_HELP),
+    database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """Downgrade the outbox objects to REVISION. 'base' drops the tables and their rows."""
     import migrations
-    from outbox.settings import OutboxSettings
 
-    settings = load(OutboxSettings)
-    engine = _engine(database_url)
-    with friendly_errors(), engine.begin() as connection:
+    with _database(database_url) as (connection, settings):
         migrations.downgrade(connection, revision, settings=settings)
         now = migrations.current(connection, settings=settings)
-    engine.dispose()
     typer.echo(f"outbox schema {settings.schema_name!r} at revision {now or 'base'}")
 
 
 @app.command()
-def current(
-    database_url: str | None = typer.Option(None, "--database-url", help=DATABASE_URL_HELP),
-) -> None:
+def current(database_url: str | None = DATABASE_URL_OPTION) -> None:
     """Print the applied outbox revision ('base' when none)."""
     import migrations
-    from outbox.settings import OutboxSettings
 
-    settings = load(OutboxSettings)
-    engine = _engine(database_url)
-    with friendly_errors(), engine.connect() as connection:
+    with _database(database_url) as (connection, settings):
         now = migrations.current(connection, settings=settings)
-    engine.dispose()
     typer.echo(now or "base")
 
 
@@ -88,23 +88,19 @@ def grant(
     role: str = typer.Argument(..., help="An existing database role (a plain identifier)."),
     publisher: bool = typer.Option(False, "--publisher", help="Allow it to publish events."),
     consumer: bool = typer.Option(False, "--consumer", help="Allow it to claim inbox messages."),
-    database_url: str | None = typer.Option(None, "--database-url", help=DATABASE_URL_HELP),
+    database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """Grant ROLE the least privileges to publish events and/or consume them idempotently."""
     import migrations
-    from outbox.settings import OutboxSettings
 
     if not (publisher or consumer):
         typer.secho("choose --publisher, --consumer or both", err=True, fg="red")
         raise typer.Exit(2)
-    settings = load(OutboxSettings)
-    engine = _engine(database_url)
-    with friendly_errors(), engine.begin() as connection:
+    with _database(database_url) as (connection, settings):
         if publisher:
             migrations.grant_publisher(connection, role, settings=settings)
         if consumer:
             migrations.grant_consumer(connection, role, settings=settings)
-    engine.dispose()
     granted = " and ".join(
         name for name, chosen in (("publisher", publisher), ("consumer", consumer)) if chosen
     )

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from stack import PostgresCluster, StackSettings
+from tests.cli import run_outbox
 from tests.fix_postgres import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -23,20 +21,12 @@ def test_demo_places_orders_and_shows_the_outbox() -> None:
     folder.chmod(0o755)
     port = free_port()
     env = {
-        **os.environ,
         "OUTBOX_STACK_DIR": str(folder),
         "OUTBOX_STACK_POSTGRES_PORT": str(port),
         "COLUMNS": "120",
     }
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "cli.main", "demo", "--orders", "20"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=200,
-            check=False,
-        )
+        result = run_outbox("demo", "--orders", "20", env=env, timeout=200)
         assert result.returncode == 0, result.stderr
         summary = re.search(r"placed (\d+), paid (\d+), rejected (\d+)", result.stdout)
         assert summary is not None, result.stdout

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -14,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from outbox import Event, Inbox, Outbox
+from tests.cli import run_outbox
 from tests.fix_postgres import ScratchDatabase
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,13 +42,8 @@ def connect_as(database: ScratchDatabase, role: str, password: str) -> psycopg.C
 @pytest.fixture
 def publisher(database: ScratchDatabase) -> Iterator[tuple[str, str]]:
     role = make_role(database, "app_publisher")
-    result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "db", "grant", role[0], "--publisher"],
-        env={**os.environ, "OUTBOX_DATABASE_URL": database.url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run_outbox(
+        "db", "grant", role[0], "--publisher", env={"OUTBOX_DATABASE_URL": database.url}, timeout=60
     )
     assert result.returncode == 0, result.stderr
     yield role
@@ -108,13 +101,13 @@ def test_a_consumer_role_claims_and_cleans_up(database: ScratchDatabase) -> None
 
 
 def test_a_role_name_that_is_not_a_plain_identifier_is_refused(database: ScratchDatabase) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "db", "grant", 'x"; DROP TABLE y; --', "--consumer"],
-        env={**os.environ, "OUTBOX_DATABASE_URL": database.url},
-        capture_output=True,
-        text=True,
+    result = run_outbox(
+        "db",
+        "grant",
+        'x"; DROP TABLE y; --',
+        "--consumer",
+        env={"OUTBOX_DATABASE_URL": database.url},
         timeout=60,
-        check=False,
     )
     assert result.returncode == 2
     assert "role" in result.stderr and "plain SQL identifier" in result.stderr

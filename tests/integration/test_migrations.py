@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from alembic.config import Config
 
 import migrations
 from outbox import Event, Outbox, OutboxSettings
+from tests.cli import run_outbox
 from tests.fix_postgres import ScratchDatabase
 
 pytestmark = pytest.mark.timeout(120)
@@ -160,15 +159,8 @@ def test_configured_schema_and_table_names(empty_database: ScratchDatabase) -> N
 
 
 def run_cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OUTBOX_DATABASE_URL": url}
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {"OUTBOX_DATABASE_URL": url}
+    return run_outbox(*args, env=env, timeout=60)
 
 
 def test_cli_upgrade_current_downgrade(empty_database: ScratchDatabase) -> None:
@@ -186,13 +178,11 @@ def test_cli_upgrade_current_downgrade(empty_database: ScratchDatabase) -> None:
 def test_cli_explains_bad_settings_without_leaking_the_password(
     empty_database: ScratchDatabase,
 ) -> None:
-    bad_schema = subprocess.run(
-        [sys.executable, "-m", "cli.main", "db", "upgrade"],
-        env={**os.environ, "OUTBOX_DATABASE_URL": empty_database.url, "OUTBOX_SCHEMA_NAME": "x;y"},
-        capture_output=True,
-        text=True,
+    bad_schema = run_outbox(
+        "db",
+        "upgrade",
+        env={"OUTBOX_DATABASE_URL": empty_database.url, "OUTBOX_SCHEMA_NAME": "x;y"},
         timeout=60,
-        check=False,
     )
     assert bad_schema.returncode == 2
     assert "OUTBOX_SCHEMA_NAME" in bad_schema.stderr

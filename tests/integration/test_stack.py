@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import psycopg
 import pytest
 
 from stack import PostgresCluster, StackError, StackSettings
+from tests.cli import run_outbox
 from tests.fix_postgres import free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -89,20 +89,12 @@ def test_the_password_is_required_over_tcp(own_cluster: PostgresCluster) -> None
 
 def test_cli_stack_commands(own_cluster: PostgresCluster, tmp_path: Path) -> None:
     env = {
-        **os.environ,
         "OUTBOX_STACK_DIR": str(own_cluster.settings.dir),
         "OUTBOX_STACK_POSTGRES_PORT": str(own_cluster.port),
     }
 
     def outbox(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cli.main", "stack", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_outbox("stack", *args, env=env, timeout=120)
 
     assert outbox("status").returncode == 1
     started = outbox("up")
@@ -119,13 +111,6 @@ def test_cli_stack_commands(own_cluster: PostgresCluster, tmp_path: Path) -> Non
 
 
 def test_a_bad_port_setting_is_refused_naming_the_variable() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "cli.main", "stack", "status"],
-        env={**os.environ, "OUTBOX_STACK_POSTGRES_PORT": "80"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_outbox("stack", "status", env={"OUTBOX_STACK_POSTGRES_PORT": "80"}, timeout=60)
     assert result.returncode == 2
     assert "OUTBOX_STACK_POSTGRES_PORT" in result.stderr
