@@ -80,9 +80,13 @@ def run_demo(
         table.add_row(aggregate_type, event_type, str(count))
     console.print(table)
     recent = Table(title="outbox: latest events")
-    for column in ("position", "aggregate", "type", "payload"):
-        recent.add_column(column, no_wrap=True, overflow="ellipsis")
+    recent.add_column("position", justify="right", no_wrap=True, min_width=8)
+    recent.add_column("aggregate", no_wrap=True, min_width=9)
+    recent.add_column("type", no_wrap=True, min_width=11)
+    recent.add_column("payload", no_wrap=True)
+    room = max(20, console.width - 44)
     for position, aggregate_type, aggregate_id, event_type, payload in reversed(latest):
-        recent.add_row(str(position), f"{aggregate_type}/{aggregate_id}", event_type, payload)
+        shown = payload if len(payload) <= room else payload[: room - 1] + "…"
+        recent.add_row(str(position), f"{aggregate_type}/{aggregate_id}", event_type, shown)
     console.print(recent)
     console.print("The private Postgres keeps running: `outbox stack down` stops it.")
