@@ -1,4 +1,4 @@
-"""``outbox stack``: the native local stack (for now, the private PostgreSQL)."""
+"""``outbox stack``: the native local stack (PostgreSQL, broker, Kafka Connect)."""
 
 from __future__ import annotations
 
@@ -9,65 +9,70 @@ import typer
 from cli._common import configure_logging, friendly_errors, load
 
 if TYPE_CHECKING:
-    from stack import PostgresCluster
+    from stack.local import LocalStack, ServiceLine
 
 app = typer.Typer(
     help="Run the local stack natively on loopback (no Docker).", no_args_is_help=True
 )
 
 
-def _cluster() -> PostgresCluster:
-    from stack import PostgresCluster, StackSettings
+def _stack() -> LocalStack:
+    from outbox.settings import KafkaSettings
+    from stack.local import LocalStack
+    from stack.settings import StackSettings
 
-    return PostgresCluster(load(StackSettings))
+    return LocalStack(load(StackSettings), load(KafkaSettings))
+
+
+def _print(lines: list[ServiceLine]) -> None:
+    for line in lines:
+        state = "running" if line.running else "stopped"
+        pid = f"  (pid {line.pid})" if line.pid else ""
+        typer.echo(f"{line.name:<9} {state:<8} {line.address}{pid}")
+        typer.echo(f"{'':<9} {'log':<8} {line.log}")
 
 
 @app.command()
 def up(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each step.")) -> None:
-    """Install (as root), initialise and start every service; wait until each answers."""
+    """Install what is missing, start every service, and wait until each really answers.
+
+    Idempotent: services already running are left alone.
+    """
     configure_logging(verbose)
-    cluster = _cluster()
+    stack = _stack()
     with friendly_errors():
-        status = cluster.up()
-    typer.echo(f"postgres  up    {cluster.display_url()}  (pid {status.pid})")
-    typer.echo(f"          logs  {status.log_file}")
+        lines = stack.up()
+    _print(lines)
     typer.echo('Use it from your shell with:  eval "$(outbox stack env)"')
 
 
 @app.command()
 def down() -> None:
-    """Stop every service of the stack. Data is kept; `up` starts them again."""
-    cluster = _cluster()
+    """Stop every service (Connect, broker, Postgres). Postgres keeps its data; the local
+    broker keeps topics in memory only, so they are gone."""
+    stack = _stack()
     with friendly_errors():
-        cluster.down()
-    typer.echo("postgres  stopped")
+        stack.down()
+    _print(stack.status())
 
 
 @app.command()
 def status() -> None:
-    """Show which services run, where they listen, and their logs. Exit 1 if one is down."""
-    cluster = _cluster()
+    """Show each service, where it listens, and its log. Exit 1 if one is down."""
+    stack = _stack()
     with friendly_errors():
-        state = cluster.status()
-    if state.running:
-        typer.echo(f"postgres  running  {cluster.display_url()}  (pid {state.pid})")
-    else:
-        typer.echo(f"postgres  stopped  (data in {state.data_dir})")
-    typer.echo(f"          logs     {state.log_file}")
-    if not state.running:
+        lines = stack.status()
+    _print(lines)
+    if not all(line.running for line in lines):
         raise typer.Exit(1)
 
 
 @app.command()
 def logs(lines: int = typer.Option(50, "--lines", "-n", min=1, help="How many lines.")) -> None:
     """Print the end of each service's log."""
-    cluster = _cluster()
-    if not cluster.log_file.exists():
-        typer.echo("postgres  no log yet: run `outbox stack up`")
-        return
-    tail = cluster.log_file.read_text(errors="replace").splitlines()[-lines:]
-    typer.echo(f"==> {cluster.log_file} <==")
-    typer.echo("\n".join(tail))
+    for name, content in _stack().logs().items():
+        typer.echo(f"==> {name} <==")
+        typer.echo("\n".join(content[-lines:]) if content else "(no log yet)")
 
 
 @app.command()
@@ -76,7 +81,8 @@ def env() -> None:
 
     The output holds the generated database password: eval it, do not paste it anywhere.
     """
-    cluster = _cluster()
+    stack = _stack()
     with friendly_errors():
-        url = cluster.url()
+        url = stack.postgres.url()
     typer.echo(f"export OUTBOX_DATABASE_URL='{url}'")
+    typer.echo(f"export OUTBOX_KAFKA_BOOTSTRAP_SERVERS='{stack.bootstrap_servers}'")

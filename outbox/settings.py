@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from outbox.core.identifiers import validate_identifier
 from outbox.core.tables import OutboxTables
 
-__all__ = ["DatabaseSettings", "OutboxSettings", "describe_validation_error"]
+__all__ = ["DatabaseSettings", "KafkaSettings", "OutboxSettings", "describe_validation_error"]
 
 PositiveDuration = Annotated[timedelta, Field(gt=timedelta(0))]
 
@@ -86,6 +86,31 @@ class DatabaseSettings(BaseSettings):
                 "must be a PostgreSQL URL such as postgresql+psycopg://user:password@host:5432/db"
             )
         return value
+
+
+class KafkaSettings(BaseSettings):
+    """``OUTBOX_KAFKA_BOOTSTRAP_SERVERS``: the Kafka cluster every component uses.
+
+    A comma-separated list of ``host:port``. Unset, the local stack's own broker is used;
+    set, ``outbox stack up`` starts no broker and Connect (and later the relay and the lake
+    job) use this cluster instead.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOX_KAFKA_", extra="ignore", frozen=True)
+
+    bootstrap_servers: str | None = None
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_ports(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        servers = [server.strip() for server in value.split(",") if server.strip()]
+        for server in servers:
+            host, _, port = server.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{server!r} is not host:port: use e.g. kafka-1:9092,kafka-2:9092")
+        return ",".join(servers)
 
 
 def describe_validation_error(error: ValidationError, *, env_prefix: str = "OUTBOX_") -> str:

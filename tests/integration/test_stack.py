@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -12,9 +13,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from outbox.settings import KafkaSettings
 from stack import PostgresCluster, StackError, StackSettings
+from stack.local import LocalStack
 from tests.cli import run_outbox
-from tests.fix_postgres import free_port
+from tests.fix_postgres import ROOT, free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -87,27 +90,56 @@ def test_the_password_is_required_over_tcp(own_cluster: PostgresCluster) -> None
         )
 
 
-def test_cli_stack_commands(own_cluster: PostgresCluster, tmp_path: Path) -> None:
+def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
+    """`outbox stack up|status|env|logs|down` over all three services, on ports of its own."""
+    settings = StackSettings(
+        dir=own_cluster.settings.dir,
+        postgres_port=own_cluster.port,
+        broker_port=free_port(),
+        connect_port=free_port(),
+        downloads=ROOT / ".cache" / "stack",
+    )
     env = {
-        "OUTBOX_STACK_DIR": str(own_cluster.settings.dir),
-        "OUTBOX_STACK_POSTGRES_PORT": str(own_cluster.port),
+        "OUTBOX_STACK_DIR": str(settings.dir),
+        "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
+        "OUTBOX_STACK_BROKER_PORT": str(settings.broker_port),
+        "OUTBOX_STACK_CONNECT_PORT": str(settings.connect_port),
+        "OUTBOX_STACK_DOWNLOADS": str(settings.downloads),
     }
 
     def outbox(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_outbox("stack", *args, env=env, timeout=120)
+        return run_outbox("stack", *args, env=env, timeout=240)
 
-    assert outbox("status").returncode == 1
-    started = outbox("up")
-    assert started.returncode == 0, started.stderr
-    assert f"127.0.0.1:{own_cluster.port}" in started.stdout
-    assert own_cluster.password() not in started.stdout, "the password is never printed"
-    status = outbox("status")
-    assert status.returncode == 0 and "running" in status.stdout
-    exported = outbox("env").stdout
-    assert exported.startswith("export OUTBOX_DATABASE_URL=") and own_cluster.password() in exported
-    assert "==>" in outbox("logs").stdout
-    stopped = outbox("down")
-    assert stopped.returncode == 0 and not own_cluster.is_running()
+    stack = LocalStack(settings, KafkaSettings())
+    try:
+        assert outbox("status").returncode == 1
+        started = outbox("up")
+        assert started.returncode == 0, started.stderr
+        for address in (
+            f"127.0.0.1:{settings.postgres_port}",
+            f"kafka://127.0.0.1:{settings.broker_port}",
+            f"http://127.0.0.1:{settings.connect_port}",
+        ):
+            assert address in started.stdout
+        assert own_cluster.password() not in started.stdout, "the password is never printed"
+        again = outbox("up")
+        assert again.returncode == 0
+        assert [line.pid for line in stack.status()] == [
+            int(pid) for pid in re.findall(r"\(pid (\d+)\)", again.stdout)
+        ], "a second `up` starts nothing"
+        status = outbox("status")
+        assert status.returncode == 0 and status.stdout.count("running") == 3
+        exported = outbox("env").stdout
+        assert exported.startswith("export OUTBOX_DATABASE_URL=")
+        assert own_cluster.password() in exported
+        assert f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:{settings.broker_port}'" in exported
+        logs = outbox("logs").stdout
+        assert "==> connect <==" in logs and "Kafka Connect started" in logs
+        stopped = outbox("down")
+        assert stopped.returncode == 0
+        assert not any(line.running for line in stack.status())
+    finally:
+        stack.down()
 
 
 def test_a_bad_port_setting_is_refused_naming_the_variable() -> None:

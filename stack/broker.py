@@ -1,0 +1,89 @@
+"""A Kafka-protocol broker on loopback for development and tests: Tansu, in memory.
+
+Tansu speaks the Kafka wire protocol; this build keeps topics **in memory only**, so a broker
+restart loses every topic (a pause with SIGSTOP/SIGCONT loses nothing). Production and the
+compose file use Apache Kafka; nothing in the project depends on Tansu's quirks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from stack.artifacts import tansu_binary
+from stack.errors import StackError
+from stack.process import ServiceProcess
+from stack.settings import StackSettings
+
+__all__ = ["BrokerStatus", "TansuBroker"]
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap_servers: str
+
+
+class TansuBroker:
+    def __init__(self, settings: StackSettings | None = None) -> None:
+        self.settings = settings if settings is not None else StackSettings()
+        self.process = ServiceProcess("tansu", self.settings.root / "broker", marker="tansu")
+        self.bootstrap_servers = self.settings.bootstrap_servers
+
+    def up(self) -> BrokerStatus:
+        """Start if stopped; wait until a Kafka client gets the cluster's metadata."""
+        if not self.process.is_running():
+            binary = tansu_binary(self.settings.downloads_root)
+            url = f"tcp://{self.bootstrap_servers}"
+            self.process.start(
+                [
+                    str(binary),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ]
+            )
+        self.wait_until_ready()
+        return self.status()
+
+    def down(self) -> None:
+        self.process.stop()
+
+    def status(self) -> BrokerStatus:
+        return BrokerStatus(self.process.is_running(), self.process.pid(), self.bootstrap_servers)
+
+    def wait_until_ready(self) -> None:
+        from kafka import KafkaAdminClient
+        from kafka.errors import KafkaError
+
+        deadline = time.monotonic() + self.settings.broker_start_timeout_seconds
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if not self.process.is_running():
+                raise StackError(
+                    f"the broker exited during start-up; see {self.process.log_file}:\n"
+                    + "\n".join(self.process.tail(20))
+                )
+            try:
+                admin = KafkaAdminClient(
+                    bootstrap_servers=self.bootstrap_servers,
+                    request_timeout_ms=3000,
+                )
+                try:
+                    admin.list_topics()
+                finally:
+                    admin.close()
+                return
+            except (KafkaError, OSError, ValueError) as error:
+                last_error = error
+                time.sleep(0.2)
+        raise StackError(
+            f"the broker did not answer on {self.bootstrap_servers} within "
+            f"{self.settings.broker_start_timeout_seconds:.0f} s (last error: {last_error}); "
+            f"see {self.process.log_file}"
+        )

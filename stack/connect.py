@@ -1,0 +1,166 @@
+"""A Kafka Connect distributed worker with Debezium's PostgreSQL connector on its class path.
+
+Distributed mode, as in production: connector configs, source offsets and statuses live in
+three compacted broker topics (``outbox-connect-configs``, ``-offsets``, ``-status``), so a
+restarted worker resumes where it stopped. REST on ``127.0.0.1:<connect port>`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from stack.artifacts import connect_classpath
+from stack.errors import StackError
+from stack.process import ServiceProcess
+from stack.settings import StackSettings
+
+__all__ = ["CONNECT_GROUP", "ConnectStatus", "ConnectWorker"]
+
+CONNECT_GROUP = "outbox-connect"
+POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
+OUTBOX_EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"
+
+_LOG4J2 = """\
+status = warn
+appender.console.type = Console
+appender.console.name = stdout
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.stdout.ref = stdout
+logger.reflections.name = org.reflections
+logger.reflections.level = error
+logger.kafkaclients.name = org.apache.kafka.clients
+logger.kafkaclients.level = warn
+"""
+
+
+@dataclass(frozen=True)
+class ConnectStatus:
+    running: bool
+    pid: int | None
+    rest_url: str
+
+
+class ConnectWorker:
+    def __init__(self, settings: StackSettings | None = None, *, bootstrap_servers: str) -> None:
+        self.settings = settings if settings is not None else StackSettings()
+        self.home = self.settings.root / "connect"
+        self.process = ServiceProcess("connect", self.home, marker="ConnectDistributed")
+        self.bootstrap_servers = bootstrap_servers
+        self.rest_url = f"http://127.0.0.1:{self.settings.connect_port}"
+
+    def worker_properties(self) -> dict[str, str]:
+        port = str(self.settings.connect_port)
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": CONNECT_GROUP,
+            "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "value.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "config.storage.topic": f"{CONNECT_GROUP}-configs",
+            "offset.storage.topic": f"{CONNECT_GROUP}-offsets",
+            "status.storage.topic": f"{CONNECT_GROUP}-status",
+            "config.storage.replication.factor": "1",
+            "offset.storage.replication.factor": "1",
+            "status.storage.replication.factor": "1",
+            "offset.storage.partitions": "1",
+            "status.storage.partitions": "1",
+            "offset.flush.interval.ms": "1000",
+            "listeners": f"http://127.0.0.1:{port}",
+            "rest.advertised.host.name": "127.0.0.1",
+            "rest.advertised.port": port,
+            "plugin.discovery": "service_load",
+            # Short group timeouts: a restarted worker rejoins and takes its tasks back fast.
+            "session.timeout.ms": "6000",
+            "heartbeat.interval.ms": "1000",
+            "rebalance.timeout.ms": "6000",
+            "scheduled.rebalance.max.delay.ms": "0",
+        }
+
+    def up(self) -> ConnectStatus:
+        """Start if stopped; wait until REST answers and lists Debezium's plugins."""
+        if not self.process.is_running():
+            java = shutil.which(str(self.settings.java))
+            if java is None:
+                raise StackError(
+                    f"Java 17 is needed for Kafka Connect ({self.settings.java} not found): "
+                    "install it with `apt-get install -y openjdk-17-jre-headless` or set "
+                    "OUTBOX_STACK_JAVA"
+                )
+            classpath = connect_classpath(self.settings.downloads_root)
+            self.home.mkdir(parents=True, exist_ok=True)
+            properties = self.home / "worker.properties"
+            properties.write_text(
+                "".join(f"{key}={value}\n" for key, value in self.worker_properties().items())
+            )
+            (self.home / "log4j2.properties").write_text(_LOG4J2)
+            self.process.start(
+                [
+                    java,
+                    f"-Xms{self.settings.connect_heap}",
+                    f"-Xmx{self.settings.connect_heap}",
+                    "-XX:+UseG1GC",
+                    f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+                    "-cp",
+                    classpath,
+                    "org.apache.kafka.connect.cli.ConnectDistributed",
+                    str(properties),
+                ]
+            )
+        self.wait_until_ready()
+        return self.status()
+
+    def down(self) -> None:
+        self.process.stop(timeout=60)
+
+    def status(self) -> ConnectStatus:
+        return ConnectStatus(self.process.is_running(), self.process.pid(), self.rest_url)
+
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float = 30) -> Any:
+        """Call Connect's REST API; return the decoded JSON (None for an empty answer)."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(  # noqa: S310 - an http URL on loopback, built here
+            f"{self.rest_url}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            payload = response.read()
+        return json.loads(payload) if payload else None
+
+    def plugins(self) -> set[str]:
+        listed = self.request("GET", "/connector-plugins?connectorsOnly=false")
+        return {plugin["class"] for plugin in listed}
+
+    def wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.settings.connect_start_timeout_seconds
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if not self.process.is_running():
+                raise StackError(
+                    f"Kafka Connect exited during start-up; see {self.process.log_file}:\n"
+                    + "\n".join(self.process.tail(30))
+                )
+            try:
+                plugins = self.plugins()
+                missing = {POSTGRES_CONNECTOR, OUTBOX_EVENT_ROUTER} - plugins
+                if missing:
+                    raise StackError(f"Kafka Connect runs without {', '.join(sorted(missing))}")
+                # The worker answers REST before it has joined its group: wait for that too.
+                self.request("GET", "/connectors")
+                return
+            except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
+                last_error = error
+                time.sleep(0.5)
+        raise StackError(
+            f"Kafka Connect did not answer on {self.rest_url} within "
+            f"{self.settings.connect_start_timeout_seconds:.0f} s (last error: {last_error}); "
+            f"see {self.process.log_file}"
+        )
