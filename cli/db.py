@@ -105,3 +105,34 @@ def grant(
         name for name, chosen in (("publisher", publisher), ("consumer", consumer)) if chosen
     )
     typer.echo(f"granted {granted} privileges to {role}")
+
+
+@app.command("cdc-role")
+def cdc_role(
+    role: str | None = typer.Argument(
+        None, help="Role name; default: OUTBOX_CONNECT_DATABASE_USER (outbox_cdc)."
+    ),
+    database_url: str | None = DATABASE_URL_OPTION,
+) -> None:
+    """Create or update the role Debezium connects as: LOGIN REPLICATION, SELECT on the outbox.
+
+    Its password is OUTBOX_CONNECT_DATABASE_PASSWORD (never printed). Run it as a role
+    that may create roles, after `outbox db upgrade`.
+    """
+    import migrations
+    from connect.settings import ConnectorSettings
+
+    connector = load(ConnectorSettings)
+    name = role or connector.database_user
+    password = connector.database_password.get_secret_value()
+    if not password:
+        typer.secho(
+            "set OUTBOX_CONNECT_DATABASE_PASSWORD to the CDC role's password "
+            '(the local stack: eval "$(outbox stack env)")',
+            err=True,
+            fg="red",
+        )
+        raise typer.Exit(2)
+    with _database(database_url) as (connection, settings):
+        migrations.create_cdc_role(connection, name, password, settings=settings)
+    typer.echo(f"CDC role {name}: LOGIN REPLICATION, SELECT on {settings.tables.qualified_outbox}")

@@ -86,3 +86,6 @@ def env() -> None:
         url = stack.postgres.url()
     typer.echo(f"export OUTBOX_DATABASE_URL='{url}'")
     typer.echo(f"export OUTBOX_KAFKA_BOOTSTRAP_SERVERS='{stack.bootstrap_servers}'")
+    typer.echo(f"export OUTBOX_CONNECT_DATABASE_PASSWORD='{stack.cdc_password()}'")
+    typer.echo(f"export OUTBOX_CONNECT_DATABASE_PORT='{stack.postgres.port}'")
+    typer.echo(f"export OUTBOX_CONNECT_URL='{stack.connect.rest_url}'")

@@ -30,6 +30,7 @@ from outbox.settings import OutboxSettings
 
 __all__ = [
     "VERSION_TABLE",
+    "create_cdc_role",
     "current",
     "downgrade",
     "grant_consumer",
@@ -92,6 +93,46 @@ def grant_publisher(
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables.qualified_dedup} TO {grantee}",
     ):
         connection.execute(text(statement))
+
+
+def create_cdc_role(
+    connection: Connection, role: str, password: str, *, settings: OutboxSettings | None = None
+) -> None:
+    """Create or update ``role`` for Debezium: LOGIN REPLICATION, and SELECT on the outbox.
+
+    Nothing else: it reads the outbox table through the publication the migrations made
+    (never creates one), and cannot write anything. Running it again resets the password.
+    """
+    tables = (settings if settings is not None else OutboxSettings()).tables
+    grantee = quote_identifier(role, field="role")
+    if not password:
+        raise ValueError("the CDC role needs a password: set OUTBOX_CONNECT_DATABASE_PASSWORD")
+    exists = connection.execute(
+        text("SELECT 1 FROM pg_roles WHERE rolname = :role"), {"role": role}
+    ).first()
+    verb = "ALTER" if exists else "CREATE"
+    # Utility statements take no bind parameters: the server quotes the password (%L).
+    statement = connection.execute(
+        text(
+            f"SELECT format('{verb} ROLE %I WITH LOGIN REPLICATION PASSWORD %L', "
+            "CAST(:role AS text), CAST(:pw AS text))"
+        ),
+        {"role": role, "pw": password},
+    ).scalar_one()
+    connection.execute(text(statement))
+    connect = connection.execute(
+        text(
+            "SELECT format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), "
+            "CAST(:role AS text))"
+        ),
+        {"role": role},
+    ).scalar_one()
+    for grant in (
+        connect,
+        f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
+        f"GRANT SELECT ON {tables.qualified_outbox} TO {grantee}",
+    ):
+        connection.execute(text(grant))
 
 
 def grant_consumer(

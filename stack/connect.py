@@ -8,13 +8,13 @@ restarted worker resumes where it stopped. REST on ``127.0.0.1:<connect port>`` 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
-from typing import Any
 
+from connect.client import ConnectClient
 from stack.artifacts import connect_classpath
 from stack.errors import StackError
 from stack.process import ServiceProcess
@@ -55,6 +55,7 @@ class ConnectWorker:
         self.process = ServiceProcess("connect", self.home, marker="ConnectDistributed")
         self.bootstrap_servers = bootstrap_servers
         self.rest_url = f"http://127.0.0.1:{self.settings.connect_port}"
+        self.client = ConnectClient(self.rest_url)
 
     def worker_properties(self) -> dict[str, str]:
         port = str(self.settings.connect_port)
@@ -81,9 +82,15 @@ class ConnectWorker:
             "heartbeat.interval.ms": "1000",
             "rebalance.timeout.ms": "6000",
             "scheduled.rebalance.max.delay.ms": "0",
+            # Secrets come from the worker's environment (${env:NAME} in connector configs),
+            # so they are never stored in the config topic nor shown by the REST API.
+            "config.providers": "env",
+            "config.providers.env.class": (
+                "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
+            ),
         }
 
-    def up(self) -> ConnectStatus:
+    def up(self, *, secrets: dict[str, str] | None = None) -> ConnectStatus:
         """Start if stopped; wait until REST answers and lists Debezium's plugins."""
         if not self.process.is_running():
             java = shutil.which(str(self.settings.java))
@@ -111,7 +118,8 @@ class ConnectWorker:
                     classpath,
                     "org.apache.kafka.connect.cli.ConnectDistributed",
                     str(properties),
-                ]
+                ],
+                env={**os.environ, **(secrets or {})},
             )
         self.wait_until_ready()
         return self.status()
@@ -122,21 +130,8 @@ class ConnectWorker:
     def status(self) -> ConnectStatus:
         return ConnectStatus(self.process.is_running(), self.process.pid(), self.rest_url)
 
-    def request(self, method: str, path: str, body: Any = None, *, timeout: float = 30) -> Any:
-        """Call Connect's REST API; return the decoded JSON (None for an empty answer)."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(  # noqa: S310 - an http URL on loopback, built here
-            f"{self.rest_url}{path}",
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-            payload = response.read()
-        return json.loads(payload) if payload else None
-
     def plugins(self) -> set[str]:
-        listed = self.request("GET", "/connector-plugins?connectorsOnly=false")
+        listed = self.client.request("GET", "/connector-plugins?connectorsOnly=false")
         return {plugin["class"] for plugin in listed}
 
     def wait_until_ready(self) -> None:
@@ -154,7 +149,7 @@ class ConnectWorker:
                 if missing:
                     raise StackError(f"Kafka Connect runs without {', '.join(sorted(missing))}")
                 # The worker answers REST before it has joined its group: wait for that too.
-                self.request("GET", "/connectors")
+                self.client.request("GET", "/connectors")
                 return
             except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
                 last_error = error

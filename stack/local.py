@@ -7,6 +7,7 @@ cluster instead.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from outbox.settings import KafkaSettings
@@ -45,8 +46,12 @@ class LocalStack:
         self.postgres.up()
         if self.broker is not None:
             self.broker.up()
-        self.connect.up()
+        self.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password()})
         return self.status()
+
+    def cdc_password(self) -> str:
+        """OUTBOX_CONNECT_DATABASE_PASSWORD when set, else the stack's generated one."""
+        return os.environ.get("OUTBOX_CONNECT_DATABASE_PASSWORD") or self.postgres.cdc_password()
 
     def down(self) -> None:
         self.connect.down()

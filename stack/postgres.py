@@ -89,6 +89,15 @@ class PostgresCluster:
         name = database or self.settings.postgres_database
         return f"postgresql+psycopg://{SUPERUSER}:***@127.0.0.1:{self.port}/{name}"
 
+    def cdc_password(self) -> str:
+        """The password of the local stack's CDC role, generated once (file mode 0600)."""
+        path = self.home / "cdc.password"
+        if not path.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(24) + "\n")
+            path.chmod(0o600)
+        return path.read_text().strip()
+
     def password(self) -> str:
         try:
             return self.password_file.read_text().strip()

@@ -17,8 +17,17 @@ from tests.fix_postgres import ROOT, free_port
 @dataclass(frozen=True)
 class KafkaServices:
     settings: StackSettings
+    cluster: PostgresCluster
     broker: TansuBroker
     connect: ConnectWorker
+
+    @property
+    def cdc_password(self) -> str:
+        """The password every CDC role of the suite gets; the worker knows it (env)."""
+        return self.cluster.cdc_password()
+
+    def start_connect(self) -> None:
+        self.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password})
 
     @property
     def bootstrap_servers(self) -> str:
@@ -39,9 +48,10 @@ def kafka_services(cluster: PostgresCluster) -> Iterator[KafkaServices]:
     connect.down()  # left running by an interrupted run
     broker.down()
     broker.up()
+    services = KafkaServices(settings, cluster, broker, connect)
     try:
-        connect.up()
-        yield KafkaServices(settings, broker, connect)
+        services.start_connect()
+        yield services
     finally:
         connect.down()
         broker.down()

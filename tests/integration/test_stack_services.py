@@ -82,5 +82,5 @@ def test_a_paused_broker_loses_nothing(kafka_services: KafkaServices) -> None:
 def test_connect_runs_debeziums_connector_and_event_router(kafka_services: KafkaServices) -> None:
     plugins = kafka_services.connect.plugins()
     assert {POSTGRES_CONNECTOR, OUTBOX_EVENT_ROUTER} <= plugins
-    assert kafka_services.connect.request("GET", "/connectors") is not None
+    assert kafka_services.connect.client.request("GET", "/connectors") is not None
     assert kafka_services.connect.process.is_running()

@@ -1,0 +1,92 @@
+"""The CDC path on the suite's own stack: a migrated database, a CDC role, the connector."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import sqlalchemy as sa
+from kafka import KafkaConsumer
+
+import migrations
+from connect import ConnectClient, ConnectorSettings, render_connector_config
+from outbox import OutboxSettings
+from tests.fix_postgres import ScratchDatabase
+from tests.fix_stack import KafkaServices
+
+
+@dataclass(frozen=True)
+class CdcPath:
+    database: ScratchDatabase
+    kafka: KafkaServices
+    connector: ConnectorSettings
+    client: ConnectClient
+
+    def consume(self, topic: str, count: int, *, timeout: float = 60) -> list[object]:
+        """Read ``topic`` from the start until ``count`` records came or ``timeout`` passed."""
+        consumer = KafkaConsumer(
+            topic,
+            bootstrap_servers=self.kafka.bootstrap_servers,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=500,
+        )
+        records: list[object] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while len(records) < count and time.monotonic() < deadline:
+                records.extend(consumer)
+        finally:
+            consumer.close()
+        return records
+
+
+@pytest.fixture(scope="session")
+def cdc(kafka_services: KafkaServices) -> Iterator[CdcPath]:
+    db = ScratchDatabase(kafka_services.cluster, f"outbox_test_cdc_{uuid.uuid4().hex[:8]}")
+    db.cluster.ensure_database(db.name)
+    suffix = uuid.uuid4().hex[:8]
+    connector = ConnectorSettings(
+        url=kafka_services.connect.rest_url,
+        name=f"outbox-test-{suffix}",
+        database_port=db.cluster.port,
+        database_name=db.name,
+        database_user=f"cdc_{suffix}",
+        slot_name=f"slot_{suffix}",
+        heartbeat_interval_ms=1000,
+    )
+    engine = sa.create_engine(db.url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
+        migrations.create_cdc_role(connection, connector.database_user, kafka_services.cdc_password)
+    client = ConnectClient(connector.url)
+    client.apply(connector.name, render_connector_config(connector, OutboxSettings()))
+    client.wait_running(connector.name, timeout=120)
+    yield CdcPath(db, kafka_services, connector, client)
+    client.delete(connector.name)
+    with engine.begin() as connection:
+        deadline = time.monotonic() + 30
+        while (
+            connection.execute(
+                sa.text("SELECT active FROM pg_replication_slots WHERE slot_name = :s"),
+                {"s": connector.slot_name},
+            ).scalar()
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        connection.execute(
+            sa.text(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE slot_name = :s"
+            ),
+            {"s": connector.slot_name},
+        )
+    engine.dispose()
+    db.cluster.drop_database(db.name)
+    admin_engine = sa.create_engine(db.cluster.url("postgres"))
+    with admin_engine.begin() as admin:
+        admin.execute(sa.text(f'DROP ROLE IF EXISTS "{connector.database_user}"'))
+    admin_engine.dispose()
