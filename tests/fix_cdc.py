@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -27,6 +27,12 @@ class CdcPath:
 
     def consume(self, topic: str, count: int, *, timeout: float = 60) -> list[object]:
         """Read ``topic`` from the start until ``count`` records came or ``timeout`` passed."""
+        return self.consume_until(topic, lambda records: len(records) >= count, timeout=timeout)
+
+    def consume_until(
+        self, topic: str, done: Callable[[list[object]], bool], *, timeout: float = 60
+    ) -> list[object]:
+        """Read ``topic`` from the start, with one consumer, until ``done(records)``."""
         consumer = KafkaConsumer(
             topic,
             bootstrap_servers=self.kafka.bootstrap_servers,
@@ -37,7 +43,7 @@ class CdcPath:
         records: list[object] = []
         deadline = time.monotonic() + timeout
         try:
-            while len(records) < count and time.monotonic() < deadline:
+            while not done(records) and time.monotonic() < deadline:
                 records.extend(consumer)
         finally:
             consumer.close()
@@ -67,6 +73,7 @@ def cdc(kafka_services: KafkaServices) -> Iterator[CdcPath]:
     client.wait_running(connector.name, timeout=120)
     yield CdcPath(db, kafka_services, connector, client)
     client.delete(connector.name)
+    engine.dispose()  # its pooled connection may have died with a PostgreSQL restart
     with engine.begin() as connection:
         deadline = time.monotonic() + 30
         while (

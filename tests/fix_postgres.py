@@ -87,7 +87,8 @@ def empty_database(cluster: PostgresCluster) -> Iterator[ScratchDatabase]:
 
 @pytest.fixture(scope="session")
 def engine(database: ScratchDatabase) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database.url, pool_size=10)
+    # pre-ping: a test restarts PostgreSQL (test_cdc_faults); pooled connections die with it.
+    engine = sa.create_engine(database.url, pool_size=10, pool_pre_ping=True)
     yield engine
     engine.dispose()
 

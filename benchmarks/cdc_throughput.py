@@ -1,0 +1,246 @@
+"""CDC throughput and latency on the native stack: Debezium with and without the Event Router.
+
+Prints, from one run:
+
+1. events per second from commit to record on the broker, 100,000 small events written in
+   one transaction, through the connector with the Outbox Event Router and through a raw
+   connector (same rows, Debezium change events, no transform), and their ratio;
+2. commit-to-broker latency p50/p95/p99 at a steady 1,000 events/s (10 events every 10 ms,
+   for 30 s), with the Event Router.
+
+Both connectors read the same publication through slots of their own, one at a time.
+
+    python -m benchmarks.cdc_throughput               # about 3 minutes, starts the stack
+    python -m benchmarks.cdc_throughput --events 20000 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import threading
+import time
+import uuid
+
+import psycopg
+import sqlalchemy as sa
+from kafka import KafkaConsumer, TopicPartition
+
+import migrations
+from connect import ConnectClient, ConnectorSettings, render_connector_config
+from outbox import Event, Outbox, OutboxSettings
+from outbox.core.contract import event_id_of, topic_for
+from stack.local import LocalStack
+
+DATABASE = "outbox_bench_cdc"
+CDC_ROLE = "outbox_bench_cdc"
+
+
+def end_offsets_total(bootstrap: str, topic: str) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        offsets = consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+        return sum(offsets.values())
+    finally:
+        consumer.close()
+
+
+def wait_for_records(bootstrap: str, topic: str, count: int, timeout: float = 600) -> float:
+    deadline = time.monotonic() + timeout
+    while end_offsets_total(bootstrap, topic) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic}: fewer than {count} records after {timeout} s")
+        time.sleep(0.05)
+    return time.monotonic()
+
+
+def write_one_transaction(conninfo: str, aggregate_type: str, events: int) -> float:
+    """Insert ``events`` small events in one transaction; return the commit's end time."""
+    outbox = Outbox()
+    with psycopg.connect(conninfo) as connection:
+        with connection.transaction():
+            for start in range(0, events, 1000):
+                outbox.publish_many(
+                    connection,
+                    [
+                        Event(aggregate_type, str(n % 100), "Tick", {"n": n})
+                        for n in range(start, min(start + 1000, events))
+                    ],
+                )
+        return time.monotonic()
+
+
+def measure_throughput(
+    stack: LocalStack,
+    conninfo: str,
+    settings: ConnectorSettings,
+    config: dict[str, str],
+    topic: str,
+    aggregate_type: str,
+    events: int,
+) -> float:
+    client = ConnectClient(settings.url)
+    client.apply(settings.name, config)
+    client.wait_running(settings.name, timeout=120)
+    committed = write_one_transaction(conninfo, aggregate_type, events)
+    start = committed
+    done = wait_for_records(stack.bootstrap_servers, topic, events)
+    client.delete(settings.name)
+    return events / (done - start)
+
+
+def measure_latency(
+    stack: LocalStack,
+    conninfo: str,
+    settings: ConnectorSettings,
+    config: dict[str, str],
+    seconds: float,
+) -> list[float]:
+    client = ConnectClient(settings.url)
+    client.apply(settings.name, config)
+    client.wait_running(settings.name, timeout=120)
+    aggregate_type = f"lat{uuid.uuid4().hex[:8]}"
+    committed_at: dict[uuid.UUID, float] = {}
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        consumer = KafkaConsumer(
+            topic_for(aggregate_type),
+            bootstrap_servers=stack.bootstrap_servers,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=10,
+            consumer_timeout_ms=200,
+        )
+        while not stop.is_set() or len(latencies) < len(committed_at):
+            for message in consumer:
+                arrived = time.monotonic()
+                event_id = event_id_of(message.headers)
+                if event_id in committed_at:
+                    latencies.append(arrived - committed_at[event_id])
+            if stop.is_set() and time.monotonic() > stop_time + 30:
+                break
+        consumer.close()
+
+    stop_time = 0.0
+    reader = threading.Thread(target=consume)
+    reader.start()
+    outbox = Outbox()
+    with psycopg.connect(conninfo) as connection:
+        tick = time.monotonic()
+        end = tick + seconds
+        number = 0
+        while tick < end:
+            events = [
+                Event(aggregate_type, str(number % 50), "Tick", {"n": number + i})
+                for i in range(10)
+            ]
+            with connection.transaction():
+                outbox.publish_many(connection, events)
+            now = time.monotonic()
+            for event in events:
+                committed_at[event.event_id] = now
+            number += 10
+            tick += 0.010
+            time.sleep(max(0.0, tick - time.monotonic()))  # pace: 1,000 events/s
+    stop_time = time.monotonic()
+    stop.set()
+    reader.join(timeout=60)
+    client.delete(settings.name)
+    return sorted(latencies)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    return values[min(len(values) - 1, int(fraction * len(values)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="CDC throughput and latency.")
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    arguments = parser.parse_args()
+
+    stack = LocalStack()
+    stack.up()
+    cluster = stack.postgres
+    cluster.drop_database(DATABASE)
+    cluster.ensure_database(DATABASE)
+    engine = sa.create_engine(cluster.url(DATABASE))
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
+        migrations.create_cdc_role(connection, CDC_ROLE, stack.cdc_password())
+    engine.dispose()
+    conninfo = cluster.conninfo(DATABASE)
+    outbox_settings = OutboxSettings()
+
+    def connector(name: str) -> ConnectorSettings:
+        return ConnectorSettings(
+            url=stack.connect.rest_url,
+            name=name,
+            database_port=cluster.port,
+            database_name=DATABASE,
+            database_user=CDC_ROLE,
+            slot_name=f"slot_{name}",
+            topic_prefix=name,
+        )
+
+    routed = connector("benchrouted")
+    routed_config = render_connector_config(routed, outbox_settings)
+    raw = connector("benchraw")
+    raw_config = {
+        key: value
+        for key, value in render_connector_config(raw, outbox_settings).items()
+        if not key.startswith("transforms")
+    }
+    raw_config["value.converter"] = "org.apache.kafka.connect.json.JsonConverter"
+    raw_config["value.converter.schemas.enable"] = "false"
+
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores; Debezium 3.0.7 in Kafka "
+        f"Connect 3.9 -> Tansu 0.6 on loopback; {arguments.events:,} events in one transaction"
+    )
+    routed_type = f"thr{uuid.uuid4().hex[:8]}"
+    with_router = measure_throughput(
+        stack,
+        conninfo,
+        routed,
+        routed_config,
+        topic_for(routed_type),
+        routed_type,
+        arguments.events,
+    )
+    without_router = measure_throughput(
+        stack,
+        conninfo,
+        raw,
+        raw_config,
+        f"{raw.topic_prefix}.outbox.outbox",
+        f"raw{uuid.uuid4().hex[:8]}",
+        arguments.events,
+    )
+    print(f"with the Outbox Event Router : {with_router:>9,.0f} events/s")
+    print(f"raw change events            : {without_router:>9,.0f} events/s")
+    print(f"ratio (router / raw)         : {with_router / without_router:>9.2f}   target >= 0.9")
+    latencies = measure_latency(stack, conninfo, routed, routed_config, arguments.seconds)
+    print(
+        f"commit-to-broker latency at 1,000 events/s over {arguments.seconds:.0f} s "
+        f"({len(latencies):,} events): p50 {percentile(latencies, 0.5) * 1000:.0f} ms, "
+        f"p95 {percentile(latencies, 0.95) * 1000:.0f} ms, "
+        f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms   target p99 < 1000 ms"
+    )
+    print(f"median {statistics.median(latencies) * 1000:.0f} ms")
+    with psycopg.connect(cluster.conninfo(DATABASE), autocommit=True) as connection:
+        for name in (routed.slot_name, raw.slot_name):
+            connection.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND NOT active",
+                (name,),
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""docker-compose.yml parses and stays consistent with the native stack's configuration.
+
+No Docker engine here: this checks the file itself against the code it must agree with.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from connect.settings import ConnectorSettings
+from stack.artifacts import CONNECT_WHEEL
+from stack.connect import CONNECT_GROUP, ConnectWorker
+from stack.settings import StackSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def host_port(service: str) -> int:
+    (mapping,) = SERVICES[service]["ports"]
+    return int(mapping.split(":")[1])
+
+
+def test_the_pipeline_services_are_there() -> None:
+    assert {"postgres", "kafka", "connect", "migrate", "connector"} <= set(SERVICES)
+    assert SERVICES["connector"]["command"] == ["connect", "apply"]
+    assert SERVICES["connector"]["depends_on"]["migrate"]["condition"] == (
+        "service_completed_successfully"
+    )
+
+
+def test_images_match_the_native_stack_versions() -> None:
+    debezium_version = "3.0.7"
+    assert CONNECT_WHEEL[1].startswith(debezium_version)
+    assert SERVICES["connect"]["image"] == f"quay.io/debezium/connect:{debezium_version}.Final"
+    assert SERVICES["kafka"]["image"].startswith("apache/kafka:3.9")
+
+
+def test_host_ports_are_the_native_stacks() -> None:
+    defaults = StackSettings()
+    assert host_port("postgres") == defaults.postgres_port
+    assert host_port("connect") == defaults.connect_port
+    assert (
+        f"127.0.0.1:{defaults.broker_port}"
+        in SERVICES["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    )
+    assert "wal_level=logical" in SERVICES["postgres"]["command"]
+
+
+def test_connect_worker_settings_match() -> None:
+    environment = SERVICES["connect"]["environment"]
+    worker = ConnectWorker(StackSettings(), bootstrap_servers="x:1").worker_properties()
+    assert environment["GROUP_ID"] == CONNECT_GROUP == worker["group.id"]
+    for variable, key in (
+        ("CONFIG_STORAGE_TOPIC", "config.storage.topic"),
+        ("OFFSET_STORAGE_TOPIC", "offset.storage.topic"),
+        ("STATUS_STORAGE_TOPIC", "status.storage.topic"),
+    ):
+        assert environment[variable] == worker[key]
+    assert environment["CONNECT_CONFIG_PROVIDERS_ENV_CLASS"] == worker["config.providers.env.class"]
+    assert "OUTBOX_CONNECT_DATABASE_PASSWORD" in environment, "the connector's ${env:...} secret"
+
+
+def test_outbox_variables_are_real_settings() -> None:
+    known = {f"OUTBOX_CONNECT_{name.upper()}" for name in ConnectorSettings.model_fields}
+    known.add("OUTBOX_DATABASE_URL")
+    for service in ("migrate", "connector"):
+        names = set(SERVICES[service]["environment"])
+        assert names <= known, names - known
+    connector_file = (ROOT / "connect" / "outbox-connector.json").read_text()
+    assert "${env:OUTBOX_CONNECT_DATABASE_PASSWORD}" in connector_file
+    assert re.findall(r"\{\{(\w+)\}\}", connector_file), "the file is the shared template"
