@@ -26,7 +26,7 @@ import uuid
 
 import psycopg
 import sqlalchemy as sa
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer
 
 import migrations
 from connect import ConnectClient, ConnectorSettings, render_connector_config
@@ -38,23 +38,30 @@ DATABASE = "outbox_bench_cdc"
 CDC_ROLE = "outbox_bench_cdc"
 
 
-def end_offsets_total(bootstrap: str, topic: str) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+def wait_for_records(bootstrap: str, topic: str, count: int, timeout: float = 300) -> float:
+    """Read the topic until ``count`` records came; return the moment the last one arrived.
+
+    (Counting records read, not end offsets: Tansu's end offsets are not record counts.)
+    """
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=200,
+        max_poll_records=5000,
+    )
+    deadline = time.monotonic() + timeout
+    seen = 0
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        offsets = consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
-        return sum(offsets.values())
+        while seen < count:
+            for _ in consumer:
+                seen += 1
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: {seen} of {count} records after {timeout} s")
+        return time.monotonic()
     finally:
         consumer.close()
-
-
-def wait_for_records(bootstrap: str, topic: str, count: int, timeout: float = 600) -> float:
-    deadline = time.monotonic() + timeout
-    while end_offsets_total(bootstrap, topic) < count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{topic}: fewer than {count} records after {timeout} s")
-        time.sleep(0.05)
-    return time.monotonic()
 
 
 def write_one_transaction(conninfo: str, aggregate_type: str, events: int) -> float:
@@ -154,6 +161,24 @@ def measure_latency(
     return sorted(latencies)
 
 
+def drop_slots(conninfo: str, names: list[str]) -> None:
+    """Drop these replication slots once their connectors let go of them."""
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        deadline = time.monotonic() + 60
+        while connection.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY(%s) AND active",
+            (names,),
+        ).fetchone() != (0,):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replication slots {names} stay active")
+            time.sleep(0.2)
+        connection.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = ANY(%s)",
+            (names,),
+        )
+
+
 def percentile(values: list[float], fraction: float) -> float:
     return values[min(len(values) - 1, int(fraction * len(values)))]
 
@@ -167,6 +192,10 @@ def main() -> None:
     stack = LocalStack()
     stack.up()
     cluster = stack.postgres
+    client = ConnectClient(stack.connect.rest_url)
+    for name in ("benchrouted", "benchraw"):  # left over by an interrupted run
+        client.delete(name)
+    drop_slots(cluster.conninfo("postgres"), ["slot_benchrouted", "slot_benchraw"])
     cluster.drop_database(DATABASE)
     cluster.ensure_database(DATABASE)
     engine = sa.create_engine(cluster.url(DATABASE))
@@ -233,13 +262,7 @@ def main() -> None:
         f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms   target p99 < 1000 ms"
     )
     print(f"median {statistics.median(latencies) * 1000:.0f} ms")
-    with psycopg.connect(cluster.conninfo(DATABASE), autocommit=True) as connection:
-        for name in (routed.slot_name, raw.slot_name):
-            connection.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                "WHERE slot_name = %s AND NOT active",
-                (name,),
-            )
+    drop_slots(cluster.conninfo("postgres"), [routed.slot_name, raw.slot_name])
 
 
 if __name__ == "__main__":
