@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import pytest
 import sqlalchemy as sa
-from kafka import KafkaConsumer
 
 import migrations
 from connect import ConnectClient, ConnectorSettings, render_connector_config
 from outbox import OutboxSettings
 from tests.fix_postgres import ScratchDatabase
 from tests.fix_stack import KafkaServices
+from tests.kafka_read import read_count, read_until
 
 
 @dataclass(frozen=True)
@@ -27,27 +27,13 @@ class CdcPath:
 
     def consume(self, topic: str, count: int, *, timeout: float = 60) -> list[object]:
         """Read ``topic`` from the start until ``count`` records came or ``timeout`` passed."""
-        return self.consume_until(topic, lambda records: len(records) >= count, timeout=timeout)
+        return read_count(self.kafka.bootstrap_servers, topic, count, timeout=timeout)
 
     def consume_until(
         self, topic: str, done: Callable[[list[object]], bool], *, timeout: float = 60
     ) -> list[object]:
         """Read ``topic`` from the start, with one consumer, until ``done(records)``."""
-        consumer = KafkaConsumer(
-            topic,
-            bootstrap_servers=self.kafka.bootstrap_servers,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            consumer_timeout_ms=500,
-        )
-        records: list[object] = []
-        deadline = time.monotonic() + timeout
-        try:
-            while not done(records) and time.monotonic() < deadline:
-                records.extend(consumer)
-        finally:
-            consumer.close()
-        return records
+        return read_until(self.kafka.bootstrap_servers, topic, done, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -7,30 +7,13 @@ import time
 import uuid
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from stack.connect import OUTBOX_EVENT_ROUTER, POSTGRES_CONNECTOR
 from tests.fix_stack import KafkaServices
+from tests.kafka_read import read_count
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def consume(bootstrap: str, topic: str, count: int, timeout: float = 30) -> list[object]:
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        consumer_timeout_ms=1000,
-    )
-    records: list[object] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(records) < count and time.monotonic() < deadline:
-            records.extend(consumer)
-    finally:
-        consumer.close()
-    return records
 
 
 def test_the_broker_takes_idempotent_writes_with_headers(kafka_services: KafkaServices) -> None:
@@ -44,7 +27,7 @@ def test_the_broker_takes_idempotent_writes_with_headers(kafka_services: KafkaSe
         producer.flush(timeout=30)
     finally:
         producer.close()
-    records = consume(kafka_services.bootstrap_servers, topic, 10)
+    records = read_count(kafka_services.bootstrap_servers, topic, 10)
     assert [record.value for record in records] == [str(n).encode() for n in range(10)]  # type: ignore[attr-defined]
     assert all(record.headers == [("id", b"x")] for record in records)  # type: ignore[attr-defined]
 
@@ -75,7 +58,7 @@ def test_a_paused_broker_loses_nothing(kafka_services: KafkaServices) -> None:
         assert all(future.succeeded() for future in futures)
     finally:
         producer.close()
-    records = consume(kafka_services.bootstrap_servers, topic, 100)
+    records = read_count(kafka_services.bootstrap_servers, topic, 100)
     assert sorted(int(record.value) for record in records) == list(range(100))  # type: ignore[attr-defined]
 
 
