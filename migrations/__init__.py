@@ -131,6 +131,8 @@ def create_cdc_role(
         connect,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
         f"GRANT SELECT ON {tables.qualified_outbox} TO {grantee}",
+        # Its heartbeat: insert a beat, delete old ones (see connect/outbox-connector.json).
+        f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_heartbeat} TO {grantee}",
     ):
         connection.execute(text(grant))
 

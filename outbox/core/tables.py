@@ -45,6 +45,14 @@ class OutboxTables:
         return qualified_name(self.schema, self.dedup, field="dedup table")
 
     @property
+    def heartbeat(self) -> str:
+        return f"{self.outbox}_heartbeat"
+
+    @property
+    def qualified_heartbeat(self) -> str:
+        return qualified_name(self.schema, self.heartbeat, field="outbox table (heartbeat)")
+
+    @property
     def qualified_inbox(self) -> str:
         return qualified_name(self.schema, self.inbox, field="inbox table")
 
