@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import threading
 import uuid
 
 import psycopg
@@ -11,6 +10,7 @@ import pytest
 
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, record_for, topic_for
+from tests.concurrency import run_in_threads
 from tests.fix_cdc import CdcPath
 
 pytestmark = pytest.mark.timeout(240)
@@ -79,35 +79,26 @@ def test_concurrent_writers_arrive_in_per_aggregate_commit_order(cdc: CdcPath) -
     """1,000 events over 50 aggregates, from 4 writers at once: per aggregate, the order on
     Kafka is the order of the outbox positions, which is commit order (test_ordering)."""
     aggregate_type = fresh_type()
-    errors: list[BaseException] = []
 
     def writer(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            with cdc.database.connect() as connection:
-                for number in range(50):
-                    with connection.transaction():
-                        Outbox().publish_many(
-                            connection,
-                            [
-                                Event(
-                                    aggregate_type,
-                                    str(rng.randrange(50)),
-                                    "Changed",
-                                    {"writer": seed, "n": number, "i": i},
-                                )
-                                for i in range(5)
-                            ],
-                        )
-        except BaseException as error:
-            errors.append(error)
+        with cdc.database.connect() as connection:
+            for number in range(50):
+                with connection.transaction():
+                    Outbox().publish_many(
+                        connection,
+                        [
+                            Event(
+                                aggregate_type,
+                                str(rng.randrange(50)),
+                                "Changed",
+                                {"writer": seed, "n": number, "i": i},
+                            )
+                            for i in range(5)
+                        ],
+                    )
 
-    threads = [threading.Thread(target=writer, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
+    run_in_threads(writer, 4, timeout=120)
     received = cdc.consume(topic_for(aggregate_type), 1000, timeout=120)
     assert len(received) == 1000
     on_kafka: dict[bytes, list[uuid.UUID]] = {}

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from outbox import Event, Outbox, OutboxSettings
+from tests.concurrency import run_in_threads
 from tests.fix_postgres import ScratchDatabase
 
 pytestmark = pytest.mark.timeout(120)
@@ -138,34 +139,25 @@ def test_concurrent_writers_keep_per_aggregate_order(database: ScratchDatabase) 
     outbox = Outbox()
     run = uuid.uuid4().hex[:8]
     aggregates = [f"{run}-{n}" for n in range(6)]
-    errors: list[BaseException] = []
     start = threading.Barrier(4)
 
     def writer(seed: int) -> None:
         rng = random.Random(seed)
-        try:
-            with psycopg.connect(database.conninfo) as connection:
-                start.wait(timeout=10)
-                for number in range(60):
-                    chosen = rng.sample(aggregates, 2)
-                    with connection.transaction():
-                        outbox.publish_many(
-                            connection,
-                            [
-                                Event("order", aggregate, "Changed", {"writer": seed, "n": number})
-                                for aggregate in chosen
-                            ],
-                        )
-                        connection.execute("SELECT pg_sleep(random() * 0.002)")
-        except BaseException as error:
-            errors.append(error)
+        with psycopg.connect(database.conninfo) as connection:
+            start.wait(timeout=10)
+            for number in range(60):
+                chosen = rng.sample(aggregates, 2)
+                with connection.transaction():
+                    outbox.publish_many(
+                        connection,
+                        [
+                            Event("order", aggregate, "Changed", {"writer": seed, "n": number})
+                            for aggregate in chosen
+                        ],
+                    )
+                    connection.execute("SELECT pg_sleep(random() * 0.002)")
 
-    threads = [threading.Thread(target=writer, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=90)
-    assert not errors, errors
+    run_in_threads(writer, 4, timeout=90)
     total = 0
     for aggregate in aggregates:
         rows = rows_by_position(database, "outbox", aggregate)
