@@ -27,8 +27,6 @@ from outbox.core.protocol import Rows
 from outbox.core.statements import Result, Statement, to_named_style
 
 __all__ = [
-    "AsyncTransaction",
-    "SyncTransaction",
     "async_executor",
     "check_psycopg_transaction",
     "drive",
@@ -36,8 +34,6 @@ __all__ = [
     "sync_executor",
 ]
 
-SyncTransaction = Session | SAConnection | psycopg.Connection[Any]
-AsyncTransaction = AsyncSession | SAAsyncConnection | psycopg.AsyncConnection[Any]
 _SYNC_TYPES = (Session, SAConnection, psycopg.Connection)
 _ASYNC_TYPES = (AsyncSession, SAAsyncConnection, psycopg.AsyncConnection)
 SyncExecutor = Callable[[Statement], Rows]
