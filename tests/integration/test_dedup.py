@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from outbox import AsyncOutbox, Event, Outbox, OutboxSettings
+from tests.concurrency import run_in_threads
 from tests.fix_postgres import ScratchDatabase
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,23 +107,14 @@ def test_concurrent_publishes_with_one_key_write_exactly_one_event(
     writers = 8
     start = threading.Barrier(writers)
     results: list[bool] = []
-    errors: list[BaseException] = []
 
-    def writer() -> None:
-        try:
-            with database.connect() as connection:
-                start.wait(timeout=10)
-                with connection.transaction():
-                    results.append(outbox.publish(connection, paid(order, key)).duplicate)
-        except BaseException as error:
-            errors.append(error)
+    def writer(_number: int) -> None:
+        with database.connect() as connection:
+            start.wait(timeout=10)
+            with connection.transaction():
+                results.append(outbox.publish(connection, paid(order, key)).duplicate)
 
-    threads = [threading.Thread(target=writer) for _ in range(writers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not errors, errors
+    run_in_threads(writer, writers, timeout=30)
     assert sorted(results) == [False] + [True] * (writers - 1)
     assert len(events_of(database, order)) == 1
 

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox import AsyncInbox, Inbox, aclaim, claim
+from tests.concurrency import run_in_threads
 from tests.fix_postgres import ScratchDatabase
 
 pytestmark = pytest.mark.timeout(60)
@@ -79,23 +80,14 @@ def test_concurrent_duplicate_deliveries_apply_exactly_once(database: ScratchDat
     consumers = 8
     start = threading.Barrier(consumers)
     winners: list[int] = []
-    errors: list[BaseException] = []
 
     def deliver(thread: int) -> None:
-        try:
-            with database.connect() as connection:
-                start.wait(timeout=10)
-                if handle(connection, message_id, "billing", thread):
-                    winners.append(thread)
-        except BaseException as error:
-            errors.append(error)
+        with database.connect() as connection:
+            start.wait(timeout=10)
+            if handle(connection, message_id, "billing", thread):
+                winners.append(thread)
 
-    threads = [threading.Thread(target=deliver, args=(n,)) for n in range(consumers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not errors, errors
+    run_in_threads(deliver, consumers, timeout=30)
     assert len(winners) == 1
     assert applied(database, message_id) == 1
 
