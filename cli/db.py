@@ -88,22 +88,26 @@ def grant(
     role: str = typer.Argument(..., help="An existing database role (a plain identifier)."),
     publisher: bool = typer.Option(False, "--publisher", help="Allow it to publish events."),
     consumer: bool = typer.Option(False, "--consumer", help="Allow it to claim inbox messages."),
+    relay: bool = typer.Option(False, "--relay", help="Allow it to run the polling relay."),
     database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
-    """Grant ROLE the least privileges to publish events and/or consume them idempotently."""
+    """Grant ROLE the least privileges to publish events, consume them idempotently, or relay."""
     import migrations
 
-    if not (publisher or consumer):
-        typer.secho("choose --publisher, --consumer or both", err=True, fg="red")
+    chosen = {"publisher": publisher, "consumer": consumer, "relay": relay}
+    if not any(chosen.values()):
+        typer.secho("choose --publisher, --consumer, --relay or several", err=True, fg="red")
         raise typer.Exit(2)
+    grants = {
+        "publisher": migrations.grant_publisher,
+        "consumer": migrations.grant_consumer,
+        "relay": migrations.grant_relay,
+    }
     with _database(database_url) as (connection, settings):
-        if publisher:
-            migrations.grant_publisher(connection, role, settings=settings)
-        if consumer:
-            migrations.grant_consumer(connection, role, settings=settings)
-    granted = " and ".join(
-        name for name, chosen in (("publisher", publisher), ("consumer", consumer)) if chosen
-    )
+        for name, wanted in chosen.items():
+            if wanted:
+                grants[name](connection, role, settings=settings)
+    granted = " and ".join(name for name, wanted in chosen.items() if wanted)
     typer.echo(f"granted {granted} privileges to {role}")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import connect, db, demo, stack
+from cli import connect, db, demo, relay, stack
 
 app = typer.Typer(
     name="outbox",
@@ -19,6 +19,7 @@ app = typer.Typer(
 app.add_typer(stack.app, name="stack")
 app.add_typer(db.app, name="db")
 app.add_typer(connect.app, name="connect")
+app.add_typer(relay.app, name="relay")
 app.command("demo")(demo.run_demo)
 
 

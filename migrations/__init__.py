@@ -35,6 +35,7 @@ __all__ = [
     "downgrade",
     "grant_consumer",
     "grant_publisher",
+    "grant_relay",
     "upgrade",
 ]
 
@@ -146,6 +147,27 @@ def grant_consumer(
     for statement in (
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_inbox} TO {grantee}",
+        f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_inbox_dead_letter} TO {grantee}",
+    ):
+        connection.execute(text(statement))
+
+
+def grant_relay(
+    connection: Connection, role: str, *, settings: OutboxSettings | None = None
+) -> None:
+    """Grant ``role`` what the polling relay needs, and nothing more.
+
+    It reads and deletes outbox rows, reads the position sequence (its horizon), and keeps
+    dead letters; it may insert outbox rows only to replay a dead letter. No DDL, no other
+    table, no REPLICATION.
+    """
+    tables = (settings if settings is not None else OutboxSettings()).tables
+    grantee = quote_identifier(role, field="role")
+    for statement in (
+        f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
+        f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_outbox} TO {grantee}",
+        f"GRANT SELECT, USAGE ON SEQUENCE {tables.qualified_position_sequence} TO {grantee}",
+        f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_dead_letter} TO {grantee}",
     ):
         connection.execute(text(statement))
 

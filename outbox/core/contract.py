@@ -7,7 +7,7 @@ A record for an outbox row:
 - value: the payload as PostgreSQL writes its ``jsonb`` as text (``payload::text``), UTF-8 -
   plain JSON, not a Debezium envelope;
 - headers, in this order: ``id`` (the event id, canonical UUID text), ``eventType``,
-  ``traceparent`` (W3C trace context; a header with a null value when the event has none),
+  ``traceparent`` (W3C trace context; an empty value when the event has none),
   ``headers`` (the event's extra headers as a JSON object, ``{}`` when none).
 
 A consumer cannot tell which path (CDC or the polling relay) delivered a record. Duplicates
@@ -39,7 +39,7 @@ HEADER_EVENT_TYPE = "eventType"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_HEADERS = "headers"
 
-Headers = tuple[tuple[str, bytes | None], ...]
+Headers = tuple[tuple[str, bytes], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,11 @@ def record_for(
     headers_text: str,
     traceparent: str | None,
 ) -> ContractRecord:
-    """The record for one outbox row, its jsonb columns given as PostgreSQL's text."""
+    """The record for one outbox row, its jsonb columns given as PostgreSQL's text.
+
+    The table stores ``''`` for "no traceparent" (migration outbox_0003); ``None`` is taken
+    as the same.
+    """
     return ContractRecord(
         topic=topic_for(aggregate_type),
         key=aggregate_id.encode(),
@@ -72,7 +76,7 @@ def record_for(
         headers=(
             (HEADER_ID, str(event_id).encode()),
             (HEADER_EVENT_TYPE, event_type.encode()),
-            (HEADER_TRACEPARENT, None if traceparent is None else traceparent.encode()),
+            (HEADER_TRACEPARENT, traceparent.encode() if traceparent else b""),
             (HEADER_HEADERS, headers_text.encode()),
         ),
     )

@@ -53,6 +53,26 @@ class OutboxTables:
         return qualified_name(self.schema, self.heartbeat, field="outbox table (heartbeat)")
 
     @property
+    def dead_letter(self) -> str:
+        """Rows the relay could not publish (the broker refused them), with the reason."""
+        return f"{self.outbox}_dead_letter"
+
+    @property
+    def qualified_dead_letter(self) -> str:
+        return qualified_name(self.schema, self.dead_letter, field="outbox table (dead letters)")
+
+    @property
+    def inbox_dead_letter(self) -> str:
+        """Records a consumer's handler kept failing on, with the reason."""
+        return f"{self.inbox}_dead_letter"
+
+    @property
+    def qualified_inbox_dead_letter(self) -> str:
+        return qualified_name(
+            self.schema, self.inbox_dead_letter, field="inbox table (dead letters)"
+        )
+
+    @property
     def qualified_inbox(self) -> str:
         return qualified_name(self.schema, self.inbox, field="inbox table")
 

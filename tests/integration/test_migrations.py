@@ -109,14 +109,14 @@ def test_upgrade_downgrade_upgrade_beside_an_application_history(
             empty_database
         )
         with engine.begin() as connection:
-            assert migrations.current(connection) == "outbox_0002"
+            assert migrations.current(connection) == "outbox_0003"
             migrations.downgrade(connection, "base")
         assert tables_in(empty_database) & OUTBOX_TABLES == {"outbox.outbox_alembic_version"}
         with empty_database.connect() as connection:
             assert connection.execute("SELECT count(*) FROM pg_publication").fetchone() == (0,)
         with engine.begin() as connection:
             migrations.upgrade(connection)
-            assert migrations.current(connection) == "outbox_0002"
+            assert migrations.current(connection) == "outbox_0003"
     finally:
         engine.dispose()
     assert app_revision(empty_database) == "app_0001", "the application's history is untouched"
@@ -149,7 +149,7 @@ def test_configured_schema_and_table_names(empty_database: ScratchDatabase) -> N
     try:
         with engine.begin() as connection:
             migrations.upgrade(connection, settings=settings)
-            assert migrations.current(connection, settings=settings) == "outbox_0002"
+            assert migrations.current(connection, settings=settings) == "outbox_0003"
     finally:
         engine.dispose()
     with empty_database.connect() as connection, connection.transaction():
@@ -168,8 +168,8 @@ def test_cli_upgrade_current_downgrade(empty_database: ScratchDatabase) -> None:
     assert run_cli("db", "current", url=url).stdout.strip() == "base"
     upgraded = run_cli("db", "upgrade", url=url)
     assert upgraded.returncode == 0, upgraded.stderr
-    assert "at revision outbox_0002" in upgraded.stdout
-    assert run_cli("db", "current", url=url).stdout.strip() == "outbox_0002"
+    assert "at revision outbox_0003" in upgraded.stdout
+    assert run_cli("db", "current", url=url).stdout.strip() == "outbox_0003"
     downgraded = run_cli("db", "downgrade", "base", url=url)
     assert downgraded.returncode == 0, downgraded.stderr
     assert run_cli("db", "current", url=url).stdout.strip() == "base"

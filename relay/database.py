@@ -1,0 +1,121 @@
+"""The relay's PostgreSQL side: one session that holds leadership and does all the work.
+
+Everything the leader does runs on the connection that holds the leader lock: if that
+session dies, the lock is gone *and* so is the only connection that could delete rows, so a
+relay that lost leadership cannot remove anything behind the new leader's back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from outbox.core.tables import OutboxTables
+from relay.statements import RelayStatements, leader_lock_key
+
+__all__ = ["Backlog", "OutboxRow", "RelayDatabase", "libpq_conninfo"]
+
+
+def libpq_conninfo(database_url: str) -> str:
+    """``postgresql+psycopg://...`` (SQLAlchemy's form, our setting) as libpq understands it."""
+    for prefix in ("postgresql+psycopg://", "postgresql://"):
+        if database_url.startswith(prefix):
+            return "postgresql://" + database_url[len(prefix) :]
+    raise ValueError("OUTBOX_DATABASE_URL must start with postgresql+psycopg:// or postgresql://")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload_text: str
+    headers_text: str
+    traceparent: str
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    rows: int
+    oldest_age_seconds: float
+    dead_letters: int
+
+
+class RelayDatabase:
+    """One autocommit session; each statement sees its own, fresh snapshot."""
+
+    def __init__(self, database_url: str, tables: OutboxTables) -> None:
+        self._conninfo = libpq_conninfo(database_url)
+        self.statements = RelayStatements(tables)
+        self._lock_key = leader_lock_key(tables)
+        self._connection: psycopg.Connection[Any] | None = None
+
+    def connect(self) -> None:
+        self.close()
+        self._connection = psycopg.connect(
+            self._conninfo, autocommit=True, application_name="outbox-relay", connect_timeout=5
+        )
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        if self._connection is None or self._connection.closed:
+            raise psycopg.OperationalError("the relay's database session is closed")
+        return self._connection
+
+    def try_lead(self) -> bool:
+        """Take the leader lock if nobody holds it; True when this session holds it."""
+        row = self.connection.execute(self.statements.try_lead, (self._lock_key,)).fetchone()
+        return bool(row and row[0])
+
+    def horizon_bounds(self) -> tuple[int, int, int]:
+        """(sequence last value, snapshot xmin, snapshot xmax), the value read first."""
+        connection = self.connection
+        last = connection.execute(self.statements.last_position).fetchone()
+        bounds = connection.execute(self.statements.snapshot_bounds).fetchone()
+        assert last is not None and bounds is not None
+        return int(last[0]), int(bounds[0]), int(bounds[1])
+
+    def read(self, floor: int, limit: int) -> list[OutboxRow]:
+        cursor = self.connection.execute(self.statements.read, (floor, limit))
+        return [OutboxRow(*row) for row in cursor.fetchall()]
+
+    def finish(
+        self, delivered: Sequence[uuid.UUID], rejected: Sequence[tuple[uuid.UUID, str]]
+    ) -> None:
+        """Delete what the broker acknowledged; move what it refused to the dead letters.
+
+        One transaction: a crash leaves either all of it or none of it (then the batch is
+        published again, with the same event ids).
+        """
+        connection = self.connection
+        with connection.transaction():
+            for event_id, reason in rejected:
+                connection.execute(self.statements.dead_letter, (reason, event_id))
+            connection.execute(
+                self.statements.delete, ([*delivered, *(event_id for event_id, _ in rejected)],)
+            )
+
+    def remove(self, event_ids: Sequence[uuid.UUID]) -> int:
+        """Delete rows another path delivered (auto mode); how many were still there."""
+        if not event_ids:
+            return 0
+        return self.connection.execute(self.statements.delete, (list(event_ids),)).rowcount
+
+    def backlog(self) -> Backlog:
+        connection = self.connection
+        rows, age = connection.execute(self.statements.backlog).fetchone() or (0, 0.0)
+        dead = connection.execute(self.statements.dead_letter_count).fetchone()
+        return Backlog(
+            rows=int(rows), oldest_age_seconds=float(age), dead_letters=int(dead[0]) if dead else 0
+        )

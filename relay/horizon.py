@@ -1,0 +1,77 @@
+"""Where the relay may start reading: the position below which no row can still appear.
+
+Positions are drawn before commit, so a row with a lower position can become visible after
+one with a higher position was read. The relay never skips such a row:
+
+- it reads the undelivered rows that are *present* (delivered rows are deleted), lowest
+  position first, so a late row is simply read by a later batch;
+- it starts its index scan at a ``floor`` only to step over the deleted rows a long-open
+  transaction keeps from being vacuumed; the floor only passes positions that are *final*.
+
+A position is final when the transaction that drew it has ended. Every transaction gets its
+xid before it draws a position (the trigger asks for it, migration ``outbox_0003``). So if
+the sequence's last value ``L`` was read, and afterwards a snapshot had ``xmax = X``, every
+transaction that drew a position ``<= L`` has an xid ``< X``. Once a later snapshot's
+``xmin >= X``, all of them ended: positions ``<= L`` are final, and a read under that
+snapshot or a later one sees every committed row among them.
+
+This module is pure: the relay feeds it what it read, it answers with numbers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Horizon"]
+
+
+@dataclass
+class Horizon:
+    """The relay's read floor: rows at or below ``floor`` are all delivered and final."""
+
+    floor: int = 0
+    _final: int = 0
+    _marks: deque[tuple[int, int]] = field(default_factory=deque)
+
+    def observe(self, *, last_position: int, xmin: int, xmax: int) -> None:
+        """Record a sequence value read *before* a snapshot with these ``xmin``/``xmax``.
+
+        Call it right before each read, with ``last_position`` from an earlier statement than
+        the snapshot's. Marks whose transactions all ended by ``xmin`` become final.
+        """
+        if xmin > xmax:
+            raise ValueError(f"snapshot xmin {xmin} is above its xmax {xmax}")
+        self._marks.append((last_position, xmax))
+        while self._marks and self._marks[0][1] <= xmin:
+            position, _ = self._marks.popleft()
+            self._final = max(self._final, position)
+
+    @property
+    def final(self) -> int:
+        """Every position up to here belongs to a transaction that has ended."""
+        return self._final
+
+    def delivered(
+        self, positions: Sequence[int], *, limit: int, first_left: int | None = None
+    ) -> None:
+        """A read of ``positions`` (ascending, above the floor) was delivered and deleted.
+
+        ``limit`` is the read's row limit: a full read may have stopped before rows that are
+        present beyond it. ``first_left`` is the lowest position read but left in the table
+        (auto mode leaves fresh rows to CDC). The floor then moves to the highest position
+        below which nothing undelivered can still be present or appear.
+        """
+        candidate = self._final
+        if len(positions) >= limit and positions:
+            candidate = min(candidate, positions[-1])
+        if first_left is not None:
+            candidate = min(candidate, first_left - 1)
+        self.floor = max(self.floor, candidate)
+
+    def reset(self) -> None:
+        """Forget everything (after a reconnect or a change of leader): read from the start."""
+        self.floor = 0
+        self._final = 0
+        self._marks.clear()

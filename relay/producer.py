@@ -1,0 +1,109 @@
+"""The relay's Kafka side: publish a batch of outbox rows as contract records, and say how it went.
+
+kafka-python with ``acks='all'`` and the idempotent producer: within a partition (one
+aggregate), records land in send order and a retried send is not written twice. The broker's
+answer sorts every row into one of three outcomes:
+
+- acknowledged: the row may be deleted;
+- refused for good (too large, invalid, not authorized: a non-retriable error): a dead letter
+  with the broker's reason, never retried by itself;
+- not acknowledged in time (broker down, paused, leader moving): the whole batch is published
+  again later. Duplicates carry the same event id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+
+from outbox.core.contract import record_for
+from relay.database import OutboxRow
+from relay.settings import RelaySettings
+
+__all__ = ["BatchOutcome", "ContractProducer"]
+
+
+@dataclass
+class BatchOutcome:
+    delivered: list[uuid.UUID] = field(default_factory=list)
+    rejected: list[tuple[uuid.UUID, str]] = field(default_factory=list)
+    failure: str | None = None
+    """Set when some row was neither acknowledged nor refused for good: retry the batch."""
+
+
+def _reason(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _retriable(error: BaseException) -> bool:
+    return not isinstance(error, KafkaError) or bool(getattr(error, "retriable", False))
+
+
+class ContractProducer:
+    """One idempotent kafka-python producer; recreate it after a failed batch."""
+
+    def __init__(self, bootstrap_servers: str, settings: RelaySettings) -> None:
+        self._settings = settings
+        delivery_ms = int(settings.delivery_timeout_seconds * 1000)
+        self._producer: Any = KafkaProducer(
+            bootstrap_servers=bootstrap_servers.split(","),
+            client_id="outbox-relay",
+            acks="all",
+            enable_idempotence=True,
+            max_in_flight_requests_per_connection=5,
+            linger_ms=settings.linger_ms,
+            batch_size=262_144,
+            max_request_size=settings.max_request_bytes,
+            delivery_timeout_ms=delivery_ms,
+            request_timeout_ms=min(delivery_ms, 10_000),
+            max_block_ms=delivery_ms,
+            retry_backoff_ms=100,
+        )
+
+    def publish(self, rows: Sequence[OutboxRow]) -> BatchOutcome:
+        """Send every row, wait for the broker's answers (at most the delivery timeout)."""
+        outcome = BatchOutcome()
+        sent: list[tuple[uuid.UUID, Any]] = []
+        for row in rows:
+            record = record_for(
+                event_id=row.id,
+                aggregate_type=row.aggregate_type,
+                aggregate_id=row.aggregate_id,
+                event_type=row.event_type,
+                payload_text=row.payload_text,
+                headers_text=row.headers_text,
+                traceparent=row.traceparent,
+            )
+            try:
+                future = self._producer.send(
+                    record.topic, key=record.key, value=record.value, headers=list(record.headers)
+                )
+            except KafkaError as error:  # e.g. too large for max_request_size: raised at once
+                if _retriable(error):
+                    outcome.failure = _reason(error)
+                    return outcome
+                outcome.rejected.append((row.id, _reason(error)))
+                continue
+            sent.append((row.id, future))
+        try:
+            self._producer.flush(timeout=self._settings.delivery_timeout_seconds)
+        except KafkaError as error:
+            outcome.failure = _reason(error)
+        for event_id, future in sent:
+            if not future.is_done:
+                outcome.failure = outcome.failure or "not acknowledged within the delivery timeout"
+            elif future.succeeded():
+                outcome.delivered.append(event_id)
+            elif _retriable(future.exception):
+                outcome.failure = outcome.failure or _reason(future.exception)
+            else:
+                outcome.rejected.append((event_id, _reason(future.exception)))
+        return outcome
+
+    def close(self) -> None:
+        self._producer.close(timeout=1)

@@ -1,0 +1,216 @@
+"""The relay's loop: lead, read, publish, delete; in auto mode, only when CDC does not.
+
+One leader at a time per outbox table (a PostgreSQL advisory lock held by the session that
+does all the work); other replicas wait and take over within ``leader_retry_seconds`` of the
+leader's session ending (crash, kill, network loss: PostgreSQL ends the session and frees
+the lock). Ordering per aggregate needs a single reader in position order, hence a leader
+rather than shards: one relay already publishes faster than one Debezium task (see the
+benchmark), and a standby costs nothing but a connection.
+
+Faults: a database error drops the session (and leadership) and reconnects with backoff;
+a batch the broker did not acknowledge is published again (same event ids) after a pause
+that doubles up to ``max_backoff_seconds``; a record the broker refuses for good becomes a
+dead letter. ``stop`` (SIGTERM) lets the batch in flight finish: published, then deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+from kafka.errors import KafkaError
+
+from outbox.core.tables import OutboxTables
+from relay.cdc_watch import CdcWatch
+from relay.database import OutboxRow, RelayDatabase
+from relay.handover import Handover
+from relay.health import Liveness
+from relay.horizon import Horizon
+from relay.metrics import RelayMetrics
+from relay.producer import ContractProducer
+from relay.settings import RelayMode, RelaySettings
+
+__all__ = ["Relay"]
+
+log = logging.getLogger("outbox.relay")
+
+_BACKLOG_EVERY_SECONDS = 2.0
+
+
+class _BatchNotAcknowledged(Exception):
+    pass
+
+
+class Relay:
+    def __init__(
+        self,
+        settings: RelaySettings,
+        *,
+        database_url: str,
+        bootstrap_servers: str,
+        tables: OutboxTables,
+        metrics: RelayMetrics | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics if metrics is not None else RelayMetrics()
+        self.liveness = liveness or Liveness(settings.delivery_timeout_seconds + 30)
+        self._bootstrap = bootstrap_servers
+        self._database = RelayDatabase(database_url, tables)
+        self._horizon = Horizon()
+        self._handover = Handover(settings.grace_seconds)
+        self._producer: ContractProducer | None = None
+        self._watch: CdcWatch | None = None
+        self._backoff = settings.retry_backoff_seconds
+        self._backlog_due = 0.0
+        self._leading = False
+        for mode in RelayMode:
+            self.metrics.mode.labels(mode.value).set(1 if mode is settings.mode else 0)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set; the batch in flight then finishes."""
+        log.info("relay starting", extra={"mode": self.settings.mode.value})
+        try:
+            while not stop.is_set():
+                try:
+                    self._lead_and_work(stop)
+                except psycopg.Error as error:
+                    self._fault("database", error, stop)
+                except (KafkaError, _BatchNotAcknowledged) as error:
+                    self._fault("broker", error, stop)
+        finally:
+            self._step_down()
+            log.info("relay stopped")
+
+    def _lead_and_work(self, stop: threading.Event) -> None:
+        self._database.connect()
+        self.liveness.ready = True
+        while not self._database.try_lead():
+            self.liveness.beat()
+            if stop.wait(self.settings.leader_retry_seconds):
+                return
+        log.info("leader: this replica relays the outbox now")
+        self._leading = True
+        self.metrics.leader.set(1)
+        self._horizon.reset()
+        if self.settings.mode is RelayMode.POLLING:
+            self.metrics.publishing.set(1)
+        while not stop.is_set():
+            self.liveness.beat()
+            busy = self._step()
+            self._backoff = self.settings.retry_backoff_seconds
+            self._report_backlog()
+            if not busy:
+                stop.wait(self.settings.idle_seconds)
+
+    def _fault(self, kind: str, error: BaseException, stop: threading.Event) -> None:
+        self.metrics.errors.labels(kind).inc()
+        log.warning(
+            "relay %s error, retrying in %.1f s: %s",
+            kind,
+            self._backoff,
+            f"{type(error).__name__}: {error}".splitlines()[0],
+        )
+        self._step_down()
+        stop.wait(self._backoff)
+        self._backoff = min(self._backoff * 2, self.settings.max_backoff_seconds)
+
+    def _step_down(self) -> None:
+        """Drop the session (and with it leadership), the producer and the CDC watch."""
+        was_leader, self._leading = self._leading, False
+        self.metrics.leader.set(0)
+        self.liveness.ready = False
+        self._database.close()
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        if was_leader:
+            log.info("no longer leader")
+
+    # -- one step --------------------------------------------------------------------------
+
+    def _step(self) -> bool:
+        """Read once above the floor; publish, or (auto) leave rows to CDC. True: do more now."""
+        if self.settings.mode is RelayMode.AUTO:
+            self._follow_cdc()
+        last, xmin, xmax = self._database.horizon_bounds()
+        self._horizon.observe(last_position=last, xmin=xmin, xmax=xmax)
+        limit = self.settings.batch_size
+        rows = self._database.read(self._horizon.floor, limit)
+        if self.settings.mode is RelayMode.AUTO and not self._takes_over(rows):
+            first_left = rows[0].position if rows else None
+            self._horizon.delivered([], limit=limit, first_left=first_left)
+            self.metrics.floor.set(self._horizon.floor)
+            return False
+        if rows:
+            self._publish(rows)
+        self._horizon.delivered([row.position for row in rows], limit=limit)
+        self.metrics.floor.set(self._horizon.floor)
+        full = len(rows) >= limit
+        if not full and self.settings.mode is RelayMode.AUTO and self._handover.drained():
+            self.metrics.stepbacks.inc()
+            self.metrics.publishing.set(0)
+            log.info("CDC delivers again: relay steps back")
+        return full
+
+    def _takes_over(self, rows: list[OutboxRow]) -> bool:
+        was_publishing = self._handover.publishing
+        publish = self._handover.should_publish([row.id for row in rows], time.time())
+        if publish and not was_publishing:
+            self.metrics.takeovers.inc()
+            self.metrics.publishing.set(1)
+            log.warning(
+                "rows wait for CDC longer than %.1f s: relay takes over",
+                self.settings.grace_seconds,
+            )
+        return publish
+
+    def _publish(self, rows: list[OutboxRow]) -> None:
+        if self._producer is None:
+            self._producer = ContractProducer(self._bootstrap, self.settings)
+        started = time.monotonic()
+        outcome = self._producer.publish(rows)
+        if outcome.failure is not None:
+            self._producer.close()
+            self._producer = None
+            raise _BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
+        self.metrics.publish_seconds.observe(time.monotonic() - started)
+        self._database.finish(outcome.delivered, outcome.rejected)
+        self.metrics.published.inc(len(outcome.delivered))
+        self.metrics.batch_rows.observe(len(rows))
+        for event_id, reason in outcome.rejected:
+            self.metrics.dead_lettered.inc()
+            log.error("broker refused event %s, moved to dead letters: %s", event_id, reason)
+
+    def _follow_cdc(self) -> None:
+        if self._watch is None:
+            self._watch = CdcWatch(
+                self._bootstrap,
+                group_id=self.settings.cdc_group_id,
+                heartbeat_topic=self.settings.cdc_heartbeat_topic,
+            )
+        deliveries = self._watch.poll(timeout_seconds=0.05)
+        if deliveries.latest_heartbeat is not None:
+            self._handover.cdc_heartbeat(deliveries.latest_heartbeat)
+        if deliveries.event_ids:
+            removed = self._database.remove(deliveries.event_ids)
+            self.metrics.cdc_confirmed.inc(removed)
+        if deliveries.event_ids or deliveries.latest_heartbeat is not None:
+            self._watch.commit()
+
+    def _report_backlog(self) -> None:
+        now = time.monotonic()
+        if now < self._backlog_due:
+            return
+        self._backlog_due = now + _BACKLOG_EVERY_SECONDS
+        backlog = self._database.backlog()
+        self.metrics.undelivered.set(backlog.rows)
+        self.metrics.oldest_age.set(backlog.oldest_age_seconds)
+        self.metrics.dead_letters.set(backlog.dead_letters)

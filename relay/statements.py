@@ -1,0 +1,109 @@
+"""The SQL the relay runs, as text (pure: nothing here touches a database).
+
+Every name comes from :class:`outbox.core.tables.OutboxTables`, validated and quoted there.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from outbox.core.tables import OutboxTables
+
+__all__ = ["RelayStatements", "leader_lock_key"]
+
+_ROW_COLUMNS = (
+    "id, aggregatetype, aggregateid, type, payload::text, headers::text, traceparent, position"
+)
+
+
+def leader_lock_key(tables: OutboxTables) -> int:
+    """The bigint advisory lock whose holder is the relay's leader for this outbox table.
+
+    (Single-bigint advisory locks live apart from the two-int4 locks the ordering trigger
+    takes, so the two can never collide.)
+    """
+    return zlib.crc32(f"outbox-relay:{tables.schema}.{tables.outbox}".encode())
+
+
+@dataclass(frozen=True)
+class RelayStatements:
+    tables: OutboxTables
+
+    @property
+    def try_lead(self) -> str:
+        return "SELECT pg_try_advisory_lock(%s)"
+
+    @property
+    def last_position(self) -> str:
+        """The sequence's last value: read before the snapshot of :attr:`snapshot_bounds`."""
+        return f"SELECT last_value FROM {self.tables.qualified_position_sequence}"
+
+    @property
+    def snapshot_bounds(self) -> str:
+        return (
+            "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint "
+            "FROM pg_current_snapshot() AS s"
+        )
+
+    @property
+    def read(self) -> str:
+        """Present (undelivered) rows above the floor, lowest position first."""
+        return (
+            f"SELECT {_ROW_COLUMNS} FROM {self.tables.qualified_outbox} "
+            "WHERE position > %s ORDER BY position LIMIT %s"
+        )
+
+    @property
+    def delete(self) -> str:
+        return f"DELETE FROM {self.tables.qualified_outbox} WHERE id = ANY(%s)"
+
+    @property
+    def dead_letter(self) -> str:
+        """Move one row to the dead letters with its reason (the caller deletes it)."""
+        return (
+            f"INSERT INTO {self.tables.qualified_dead_letter} "
+            "(id, aggregatetype, aggregateid, type, payload, headers, traceparent, position, "
+            "created_at, reason) "
+            "SELECT id, aggregatetype, aggregateid, type, payload, headers, traceparent, "
+            f"position, created_at, %s FROM {self.tables.qualified_outbox} WHERE id = %s "
+            "ON CONFLICT (id) DO UPDATE SET reason = EXCLUDED.reason, failed_at = clock_timestamp()"
+        )
+
+    @property
+    def backlog(self) -> str:
+        """Undelivered rows, and the age in seconds of the oldest (its creation time)."""
+        return (
+            "SELECT count(*), "
+            "coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 "
+            f"FROM {self.tables.qualified_outbox}"
+        )
+
+    @property
+    def dead_letter_count(self) -> str:
+        return f"SELECT count(*) FROM {self.tables.qualified_dead_letter}"
+
+    @property
+    def list_dead_letters(self) -> str:
+        return (
+            "SELECT id, aggregatetype, aggregateid, type, reason, failed_at, "
+            f"octet_length(payload::text) FROM {self.tables.qualified_dead_letter} "
+            "ORDER BY failed_at, position LIMIT %s"
+        )
+
+    @property
+    def retry_dead_letters(self) -> str:
+        """Put dead letters back into the outbox (a new position: they go to the end).
+
+        ``%s`` is an array of ids, or NULL for all of them.
+        """
+        return (
+            f"WITH moved AS (DELETE FROM {self.tables.qualified_dead_letter} "
+            "WHERE %s::uuid[] IS NULL OR id = ANY(%s::uuid[]) "
+            "RETURNING id, aggregatetype, aggregateid, type, payload, headers, traceparent, "
+            "position) "
+            f"INSERT INTO {self.tables.qualified_outbox} "
+            "(id, aggregatetype, aggregateid, type, payload, headers, traceparent) "
+            "SELECT id, aggregatetype, aggregateid, type, payload, headers, traceparent "
+            "FROM moved ORDER BY position RETURNING id"
+        )
