@@ -79,12 +79,16 @@ class RelayDatabase:
         return bool(row and row[0])
 
     def horizon_bounds(self) -> tuple[int, int, int]:
-        """(sequence last value, snapshot xmin, snapshot xmax), the value read first."""
+        """(last position drawn, an xid assigned after, oldest running xid after that).
+
+        Three statements, three transactions, in this order (see relay/horizon.py).
+        """
         connection = self.connection
         last = connection.execute(self.statements.last_position).fetchone()
-        bounds = connection.execute(self.statements.snapshot_bounds).fetchone()
-        assert last is not None and bounds is not None
-        return int(last[0]), int(bounds[0]), int(bounds[1])
+        xid = connection.execute(self.statements.new_xid).fetchone()
+        xmin = connection.execute(self.statements.oldest_running_xid).fetchone()
+        assert last is not None and xid is not None and xmin is not None
+        return int(last[0]), int(xid[0]), int(xmin[0])
 
     def read(self, floor: int, limit: int) -> list[OutboxRow]:
         cursor = self.connection.execute(self.statements.read, (floor, limit))

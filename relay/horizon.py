@@ -10,10 +10,14 @@ one with a higher position was read. The relay never skips such a row:
 
 A position is final when the transaction that drew it has ended. Every transaction gets its
 xid before it draws a position (the trigger asks for it, migration ``outbox_0003``). So if
-the sequence's last value ``L`` was read, and afterwards a snapshot had ``xmax = X``, every
-transaction that drew a position ``<= L`` has an xid ``< X``. Once a later snapshot's
+the sequence's last value ``L`` was read, and afterwards the relay was given a new xid ``X``,
+every transaction that drew a position ``<= L`` has an xid ``< X``. Once a later snapshot's
 ``xmin >= X``, all of them ended: positions ``<= L`` are final, and a read under that
 snapshot or a later one sees every committed row among them.
+
+(``X`` must be a freshly assigned xid, ``pg_current_xact_id()``: a snapshot's ``xmax`` is
+only "latest completed xid + 1", and a running transaction can hold an xid above it, which
+is why the relay asks for an xid rather than a snapshot's ``xmax``: found the hard way.)
 
 This module is pure: the relay feeds it what it read, it answers with numbers.
 """
@@ -35,15 +39,14 @@ class Horizon:
     _final: int = 0
     _marks: deque[tuple[int, int]] = field(default_factory=deque)
 
-    def observe(self, *, last_position: int, xmin: int, xmax: int) -> None:
-        """Record a sequence value read *before* a snapshot with these ``xmin``/``xmax``.
+    def observe(self, *, last_position: int, xid_bound: int, xmin: int) -> None:
+        """Record what three statements, in this order, saw before a read.
 
-        Call it right before each read, with ``last_position`` from an earlier statement than
-        the snapshot's. Marks whose transactions all ended by ``xmin`` become final.
+        ``last_position``: the sequence's last drawn value; ``xid_bound``: an xid assigned
+        after that; ``xmin``: the oldest running xid of a snapshot taken after that. Marks
+        whose transactions all ended by ``xmin`` become final.
         """
-        if xmin > xmax:
-            raise ValueError(f"snapshot xmin {xmin} is above its xmax {xmax}")
-        self._marks.append((last_position, xmax))
+        self._marks.append((last_position, xid_bound))
         while self._marks and self._marks[0][1] <= xmin:
             position, _ = self._marks.popleft()
             self._final = max(self._final, position)

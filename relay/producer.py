@@ -60,7 +60,8 @@ class ContractProducer:
             batch_size=262_144,
             max_request_size=settings.max_request_bytes,
             delivery_timeout_ms=delivery_ms,
-            request_timeout_ms=min(delivery_ms, 10_000),
+            # Kafka requires delivery > linger + request timeout.
+            request_timeout_ms=max(500, min(10_000, delivery_ms - settings.linger_ms - 1000)),
             max_block_ms=delivery_ms,
             retry_backoff_ms=100,
         )

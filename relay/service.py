@@ -140,8 +140,8 @@ class Relay:
         """Read once above the floor; publish, or (auto) leave rows to CDC. True: do more now."""
         if self.settings.mode is RelayMode.AUTO:
             self._follow_cdc()
-        last, xmin, xmax = self._database.horizon_bounds()
-        self._horizon.observe(last_position=last, xmin=xmin, xmax=xmax)
+        last, xid_bound, xmin = self._database.horizon_bounds()
+        self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
         limit = self.settings.batch_size
         rows = self._database.read(self._horizon.floor, limit)
         if self.settings.mode is RelayMode.AUTO and not self._takes_over(rows):

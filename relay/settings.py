@@ -54,7 +54,7 @@ class RelaySettings(BaseSettings):
     http_port: int = Field(default=8090, ge=0, le=65535)
     max_request_bytes: int = Field(default=1_048_576, ge=1024)
     linger_ms: int = Field(default=5, ge=0, le=1000)
-    delivery_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    delivery_timeout_seconds: float = Field(default=30.0, ge=3, le=3600)
     retry_backoff_seconds: float = Field(default=0.5, gt=0, le=60)
     max_backoff_seconds: float = Field(default=10.0, gt=0, le=600)
 

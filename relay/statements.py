@@ -36,15 +36,23 @@ class RelayStatements:
 
     @property
     def last_position(self) -> str:
-        """The sequence's last value: read before the snapshot of :attr:`snapshot_bounds`."""
-        return f"SELECT last_value FROM {self.tables.qualified_position_sequence}"
+        """The last position drawn (0 before the first): read before :attr:`snapshot_bounds`.
+
+        A fresh sequence says ``last_value = 1`` with ``is_called = false``: 1 is not drawn yet.
+        """
+        return (
+            "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END "
+            f"FROM {self.tables.qualified_position_sequence}"
+        )
 
     @property
-    def snapshot_bounds(self) -> str:
-        return (
-            "SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint "
-            "FROM pg_current_snapshot() AS s"
-        )
+    def new_xid(self) -> str:
+        """An xid assigned now: above every xid assigned before (a cheap, WAL-light commit)."""
+        return "SELECT pg_current_xact_id()::text::bigint"
+
+    @property
+    def oldest_running_xid(self) -> str:
+        return "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
 
     @property
     def read(self) -> str:

@@ -1,0 +1,305 @@
+"""The polling relay against the real PostgreSQL and broker of the suite's stack."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import psycopg
+
+from outbox import Event, Outbox
+from outbox.core.contract import event_id_of, topic_for
+from relay.service import Relay
+from tests.cli import run_outbox
+from tests.fix_cdc import CdcPath
+from tests.fix_relay import RelayBench, wait_until
+from tests.kafka_read import read_until
+
+
+def fresh_type() -> str:
+    return f"r{uuid.uuid4().hex[:10]}"
+
+
+def write(
+    connection: psycopg.Connection[Any], aggregate_type: str, aggregate_id: str, numbers: range
+) -> list[uuid.UUID]:
+    events = [Event(aggregate_type, aggregate_id, "Tick", {"n": n}) for n in numbers]
+    with connection.transaction():
+        Outbox().publish_many(connection, events)
+    return [event.event_id for event in events]
+
+
+def ids_of(records: list[Any]) -> list[uuid.UUID]:
+    return [event_id_of(record.headers) for record in records]
+
+
+def sample(relay: Relay, name: str) -> float:
+    return relay.metrics.registry.get_sample_value(name) or 0.0
+
+
+def first_occurrences(records: list[Any]) -> list[Any]:
+    seen: set[uuid.UUID] = set()
+    firsts = []
+    for record in records:
+        event_id = event_id_of(record.headers)
+        if event_id not in seen:
+            seen.add(event_id)
+            firsts.append(record)
+    return firsts
+
+
+def test_relay_records_are_byte_for_byte_those_of_debezium(
+    cdc: CdcPath, relay_bench: RelayBench
+) -> None:
+    """Same rows through both paths: same topic, key, value and headers, in the same order."""
+    aggregate_type = fresh_type()
+    events = [
+        Event(
+            aggregate_type,
+            "42",
+            "OrderPlaced",
+            {"total": "9.90", "é": [1, None], "nested": {"b": 1, "a": "x"}},
+            headers={"tenant": "acme"},
+            traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ),
+        Event(aggregate_type, "42", "OrderPaid", {}),
+        Event(aggregate_type, "7", "OrderPlaced", {"lines": [{"sku": "A-1", "qty": 2}]}),
+    ]
+    with cdc.database.connect() as connection, connection.transaction():
+        Outbox().publish_many(connection, events)
+    topic = topic_for(aggregate_type)
+    debezium = cdc.consume(topic, 3)
+    assert len(debezium) == 3
+    # The same rows, copied into the relay's own database, go through the relay.
+    with cdc.database.connect() as source, relay_bench.database.connect() as target:
+        rows = source.execute(
+            "SELECT id, aggregatetype, aggregateid, type, payload, headers, traceparent "
+            "FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
+            (aggregate_type,),
+        ).fetchall()
+        with target.transaction():
+            for row in rows:
+                target.execute(
+                    "INSERT INTO outbox.outbox "
+                    "(id, aggregatetype, aggregateid, type, payload, headers, traceparent) "
+                    "VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)",
+                    (
+                        row[0],
+                        row[1],
+                        row[2],
+                        row[3],
+                        psycopg.types.json.Jsonb(row[4]),
+                        psycopg.types.json.Jsonb(row[5]),
+                        row[6],
+                    ),
+                )
+    with relay_bench.in_thread():
+        both = read_until(relay_bench.kafka.bootstrap_servers, topic, lambda r: len(r) >= 6)
+
+    def wire(record: Any) -> tuple[Any, ...]:
+        return (record.topic, record.partition, record.key, record.value, tuple(record.headers))
+
+    # Per event id: Debezium's copy, then the relay's copy, in the same partition.
+    copies: dict[uuid.UUID, list[tuple[Any, ...]]] = defaultdict(list)
+    for record in both:
+        copies[event_id_of(record.headers)].append(wire(record))
+    assert sorted(copies) == sorted(event.event_id for event in events)
+    for event_id, (from_debezium, from_relay) in copies.items():
+        assert from_relay == from_debezium, event_id
+    assert {wire(r) for r in debezium} == {c[0] for c in copies.values()}
+
+
+def test_a_transaction_open_across_batches_is_published_in_order(
+    relay_bench: RelayBench,
+) -> None:
+    """Its rows have the lowest positions but commit last: never skipped, order kept."""
+    aggregate_type = fresh_type()
+    topic = topic_for(aggregate_type)
+    with relay_bench.database.connect() as slow, relay_bench.database.connect() as fast:
+        slow_tx = slow.transaction()
+        slow_tx.__enter__()
+        Outbox().publish_many(
+            slow, [Event(aggregate_type, "slow", "Tick", {"n": n}) for n in range(3)]
+        )
+        with relay_bench.in_thread(batch_size=5) as relay:
+            fast_ids = []
+            for n in range(6):  # 6 commits of 5 events: several batches of the relay
+                fast_ids += write(fast, aggregate_type, f"fast{n % 2}", range(n * 5, n * 5 + 5))
+            wait_until(
+                lambda: sample(relay, "outbox_relay_published_total") >= 30,
+                timeout=60,
+                what="the relay publishes the committed rows past the open transaction",
+            )
+            assert relay_bench.undelivered() == 0  # (the open rows are invisible)
+            slow_tx.__exit__(None, None, None)  # commit: positions below all of the above
+            after = write(fast, aggregate_type, "slow", range(3, 5))
+            records = read_until(
+                relay_bench.kafka.bootstrap_servers, topic, lambda r: len(r) >= 35, timeout=60
+            )
+    by_aggregate: dict[bytes, list[int]] = defaultdict(list)
+    for record in first_occurrences(records):
+        by_aggregate[record.key].append(json.loads(record.value)["n"])
+    assert by_aggregate[b"slow"] == [0, 1, 2, 3, 4]
+    assert by_aggregate[b"fast0"] == sorted(by_aggregate[b"fast0"])
+    assert len(set(ids_of(records))) == 35
+    assert set(fast_ids) | set(after) <= set(ids_of(records))
+
+
+def test_a_poison_record_goes_to_the_dead_letters_and_the_rest_goes_on(
+    relay_bench: RelayBench,
+) -> None:
+    aggregate_type = fresh_type()
+    topic = topic_for(aggregate_type)
+    with relay_bench.database.connect() as connection, connection.transaction():
+        events = [
+            Event(aggregate_type, "1", "Small", {"n": 1}),
+            Event(aggregate_type, "2", "Huge", {"blob": "x" * 20_000}),
+            Event(aggregate_type, "3", "Small", {"n": 3}),
+        ]
+        Outbox().publish_many(connection, events)
+    with relay_bench.in_thread(max_request_bytes=4096) as relay:
+        records = read_until(
+            relay_bench.kafka.bootstrap_servers, topic, lambda r: len(r) >= 2, timeout=60
+        )
+        wait_until(lambda: relay_bench.undelivered() == 0, timeout=30, what="outbox drained")
+        assert sample(relay, "outbox_relay_dead_lettered_total") == 1
+    assert sorted(ids_of(records)) == sorted([events[0].event_id, events[2].event_id])
+    env = {"OUTBOX_DATABASE_URL": relay_bench.database.url}
+    listed = run_outbox("relay", "dead-letters", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert str(events[1].event_id) in listed.stdout
+    assert "MessageSizeTooLarge" in listed.stdout
+    # Fixed (a larger limit), replayed: published with its original id.
+    retried = run_outbox("relay", "dead-letters", "retry", str(events[1].event_id), env=env)
+    assert retried.returncode == 0, retried.stderr
+    assert "1 dead letter(s) back in the outbox" in retried.stdout
+    with relay_bench.in_thread(max_request_bytes=1_048_576):
+        records = read_until(
+            relay_bench.kafka.bootstrap_servers, topic, lambda r: len(r) >= 3, timeout=60
+        )
+    assert sorted(ids_of(records)) == sorted(event.event_id for event in events)
+    assert run_outbox("relay", "dead-letters", "list", env=env).stdout.strip() == ""
+
+
+def test_kill_9_mid_batch_then_restart_loses_nothing(relay_bench: RelayBench) -> None:
+    aggregate_type = fresh_type()
+    expected: list[uuid.UUID] = []
+    with relay_bench.database.connect() as connection:
+        for chunk in range(10):
+            numbers = range(chunk * 500, chunk * 500 + 500)
+            expected += write(connection, aggregate_type, str(chunk % 5), numbers)
+    first = relay_bench.process(OUTBOX_RELAY_BATCH_SIZE="500")
+    wait_until(
+        lambda: first.metric("outbox_relay_published_total") > 0,
+        timeout=60,
+        what="the first relay publishes",
+    )
+    first.kill()
+    assert relay_bench.undelivered() > 0, "killed too late: nothing left to prove"
+    second = relay_bench.process(OUTBOX_RELAY_BATCH_SIZE="500")
+    wait_until(lambda: relay_bench.undelivered() == 0, timeout=120, what="outbox drained")
+    records = read_until(
+        relay_bench.kafka.bootstrap_servers,
+        topic_for(aggregate_type),
+        lambda r: set(ids_of(r)) >= set(expected),
+        timeout=60,
+    )
+    assert set(ids_of(records)) == set(expected)
+    assert second.terminate() == 0
+
+
+def test_sigterm_drains_the_batch_and_exits_0_with_health_probes(relay_bench: RelayBench) -> None:
+    aggregate_type = fresh_type()
+    with relay_bench.database.connect() as connection:
+        expected = write(connection, aggregate_type, "1", range(3000))
+    relay = relay_bench.process(OUTBOX_RELAY_BATCH_SIZE="200")
+    wait_until(lambda: relay.probe("/readyz") == 200, timeout=60, what="ready")
+    assert relay.probe("/healthz") == 200
+    assert relay.probe("/nothing") == 404
+    wait_until(
+        lambda: relay.metric("outbox_relay_published_total") >= 200, timeout=60, what="publishing"
+    )
+    assert relay.metric("outbox_relay_leader") == 1
+    assert relay.metric('outbox_relay_mode{mode="polling"}') == 1
+    assert relay.terminate() == 0
+    log = relay.log.read_text()
+    assert '"message": "relay stopped"' in log
+    assert relay_bench.database.url.split("@")[0].split(":")[-1] not in log  # no password
+    # What it published is gone from the outbox; the rest waits; nothing half-done.
+    left = relay_bench.undelivered()
+    records = read_until(
+        relay_bench.kafka.bootstrap_servers,
+        topic_for(aggregate_type),
+        lambda r: len(r) >= len(expected) - left,
+        timeout=30,
+    )
+    assert len(set(ids_of(records))) == len(expected) - left
+    assert ids_of(records) == expected[: len(records)]
+
+
+def test_a_standby_takes_over_and_order_holds_with_two_relays(relay_bench: RelayBench) -> None:
+    """Two relays over 10,000 events for 50 aggregates written while they run; the leader is
+    killed mid-run: the standby leads within 10 s, and per-aggregate order equals commit order."""
+    aggregate_type = fresh_type()
+    relays = [relay_bench.process(OUTBOX_RELAY_BATCH_SIZE="500") for _ in range(2)]
+    wait_until(
+        lambda: sum(r.metric("outbox_relay_leader") for r in relays) == 1,
+        timeout=60,
+        what="one leader",
+    )
+    counters = [0] * 50
+
+    def writer(number: int) -> None:
+        """Writer ``number`` owns the aggregates ``a % 4 == number``: its commit order is
+        their commit order, numbered by ``n``."""
+        owned = [a for a in range(50) if a % 4 == number]
+        with relay_bench.database.connect() as connection:
+            for batch in range(250):  # 4 writers x 250 commits x 10 events
+                events = []
+                for k in range(10):
+                    aggregate = owned[(batch * 10 + k) % len(owned)]
+                    events.append(
+                        Event(aggregate_type, str(aggregate), "Tick", {"n": counters[aggregate]})
+                    )
+                    counters[aggregate] += 1
+                with connection.transaction():
+                    Outbox().publish_many(connection, events)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    wait_until(
+        lambda: sum(r.metric("outbox_relay_published_total") for r in relays) >= 2000,
+        timeout=60,
+        what="relaying under way",
+    )
+    leader = next(r for r in relays if r.metric("outbox_relay_leader") == 1)
+    standby = next(r for r in relays if r is not leader)
+    leader.kill()
+    killed_at = time.monotonic()
+    wait_until(lambda: standby.metric("outbox_relay_leader") == 1, timeout=10, what="handover")
+    handover = time.monotonic() - killed_at
+    for thread in threads:
+        thread.join(timeout=120)
+    wait_until(lambda: relay_bench.undelivered() == 0, timeout=120, what="outbox drained")
+    records = read_until(
+        relay_bench.kafka.bootstrap_servers,
+        topic_for(aggregate_type),
+        lambda r: len(set(ids_of(r))) >= 10_000,
+        timeout=60,
+    )
+    firsts = first_occurrences(records)
+    assert len(firsts) == 10_000
+    by_aggregate: dict[bytes, list[int]] = defaultdict(list)
+    for record in firsts:
+        by_aggregate[record.key].append(json.loads(record.value)["n"])
+    for key, numbers in by_aggregate.items():
+        assert numbers == list(range(len(numbers))), f"aggregate {key!r} out of order: " + str(
+            [(r.offset, json.loads(r.value)["n"]) for r in records if r.key == key][:40]
+        )
+    assert handover < 10
+    assert standby.terminate() == 0
