@@ -1,23 +1,37 @@
 """Auto mode: what did CDC deliver? Read it back from Kafka.
 
-A consumer group of the relay reads every outbox topic (``outbox.event.*``, new ones found
-within seconds) and the connector's heartbeat topic. Each record's ``id`` header names an
-outbox row that is now on Kafka: the relay deletes those rows, then commits the offsets (a
-crash in between only deletes again). Heartbeat records tell when CDC last streamed.
+The leader reads every outbox topic (``outbox.event.*``; new ones are found within a few
+seconds) and the connector's heartbeat topic, with a consumer of its own: partitions are
+assigned by the relay, not by a consumer group, and the offsets live in PostgreSQL, written
+in the same transaction that deletes the delivered rows, so the two cannot disagree. Each
+record's ``id`` header names an outbox row that is now on Kafka. Heartbeat records tell when
+CDC last streamed.
+
+(A consumer group was tried first: with a pattern subscription, every new topic triggers a
+rebalance, and on the local broker the consumer stalled after one; and its offsets would
+live apart from the deletes.)
 """
 
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 
 from outbox.core.contract import TOPIC_PREFIX, event_id_of
 
-__all__ = ["CdcDeliveries", "CdcWatch"]
+__all__ = ["CdcDeliveries", "CdcWatch", "Offsets"]
+
+Offsets = dict[tuple[str, int], int]
+"""Next offset to read, per (topic, partition)."""
+
+_MAX_RECORDS = 5000
+_REFRESH_SECONDS = 3.0
 
 
 @dataclass
@@ -25,30 +39,47 @@ class CdcDeliveries:
     event_ids: list[uuid.UUID] = field(default_factory=list)
     latest_heartbeat: float | None = None
     """Wall-clock seconds when the newest heartbeat record read was produced."""
+    offsets: Offsets = field(default_factory=dict)
+    """Next offset per partition once these are handled: store it with the deletes."""
 
 
 class CdcWatch:
-    def __init__(self, bootstrap_servers: str, *, group_id: str, heartbeat_topic: str) -> None:
+    """Reads CDC's deliveries from ``offsets`` on (earliest for partitions it never read).
+
+    ``caught_up`` once it has read, in every partition, up to where the partition ended when
+    first assigned: until then the relay cannot tell a slow CDC from its own slow start.
+    """
+
+    def __init__(self, bootstrap_servers: str, *, heartbeat_topic: str, offsets: Offsets) -> None:
         self._heartbeat_topic = heartbeat_topic
+        self._pattern = re.compile(f"^({re.escape(TOPIC_PREFIX)}.*|{re.escape(heartbeat_topic)})$")
+        self._stored = dict(offsets)
+        self._assigned: set[TopicPartition] = set()
+        self._targets: dict[TopicPartition, int] = {}
+        self._refresh_due = 0.0
         self._consumer: Any = KafkaConsumer(
             bootstrap_servers=bootstrap_servers.split(","),
             client_id="outbox-relay-cdc-watch",
-            group_id=group_id,
+            group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            metadata_max_age_ms=3000,
-            session_timeout_ms=10_000,
-            heartbeat_interval_ms=1000,
-            max_poll_interval_ms=60_000,
-            max_poll_records=5000,
+            max_poll_records=_MAX_RECORDS,
+            fetch_max_wait_ms=50,
         )
-        pattern = f"^({re.escape(TOPIC_PREFIX)}.*|{re.escape(heartbeat_topic)})$"
-        self._consumer.subscribe(pattern=pattern)
+
+    @property
+    def caught_up(self) -> bool:
+        return bool(self._assigned) and not self._targets
 
     def poll(self, timeout_seconds: float) -> CdcDeliveries:
+        if time.monotonic() >= self._refresh_due:
+            self._refresh()
         deliveries = CdcDeliveries()
+        if not self._assigned:
+            return deliveries
         batches = self._consumer.poll(timeout_ms=int(timeout_seconds * 1000))
-        for records in batches.values():
+        for partition, records in batches.items():
+            deliveries.offsets[(partition.topic, partition.partition)] = records[-1].offset + 1
             for record in records:
                 if record.topic == self._heartbeat_topic:
                     produced = record.timestamp / 1000
@@ -62,10 +93,37 @@ class CdcWatch:
                     deliveries.event_ids.append(event_id_of(record.headers))
                 except ValueError:
                     continue  # not an outbox record: nothing of ours to delete
+        for partition in list(self._targets):
+            if self._consumer.position(partition) >= self._targets[partition]:
+                del self._targets[partition]
         return deliveries
 
-    def commit(self) -> None:
-        self._consumer.commit()
-
     def close(self) -> None:
-        self._consumer.close(autocommit=False)
+        try:
+            self._consumer.close()
+        except KafkaError:
+            return  # the broker is gone: nothing to hand back
+
+    def _refresh(self) -> None:
+        """Assign the partitions of topics that appeared since the last look."""
+        self._refresh_due = time.monotonic() + _REFRESH_SECONDS
+        topics = [topic for topic in self._consumer.topics() if self._pattern.match(topic)]
+        new: set[TopicPartition] = set()
+        for topic in topics:
+            for number in self._consumer.partitions_for_topic(topic) or ():
+                partition = TopicPartition(topic, number)
+                if partition not in self._assigned:
+                    new.add(partition)
+        if not new:
+            return
+        self._assigned |= new
+        self._consumer.assign(list(self._assigned))
+        ends = self._consumer.end_offsets(list(new))
+        for partition in new:
+            stored = self._stored.get((partition.topic, partition.partition))
+            if stored is None:
+                self._consumer.seek_to_beginning(partition)
+            else:
+                self._consumer.seek(partition, stored)
+            if ends.get(partition, 0) > (stored or 0):
+                self._targets[partition] = ends[partition]

@@ -7,6 +7,7 @@ relay that lost leadership cannot remove anything behind the new leader's back.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 import psycopg
 
 from outbox.core.tables import OutboxTables
+from relay.cdc_watch import Offsets
 from relay.statements import RelayStatements, leader_lock_key
 
 __all__ = ["Backlog", "OutboxRow", "RelayDatabase", "libpq_conninfo"]
@@ -110,11 +112,29 @@ class RelayDatabase:
                 self.statements.delete, ([*delivered, *(event_id for event_id, _ in rejected)],)
             )
 
-    def remove(self, event_ids: Sequence[uuid.UUID]) -> int:
-        """Delete rows another path delivered (auto mode); how many were still there."""
-        if not event_ids:
-            return 0
-        return self.connection.execute(self.statements.delete, (list(event_ids),)).rowcount
+    def remove_delivered(self, event_ids: Sequence[uuid.UUID], offsets: Offsets) -> int:
+        """Delete rows CDC delivered and store how far its records were read, atomically.
+
+        Returns how many rows were still there.
+        """
+        connection = self.connection
+        with connection.transaction():
+            removed = 0
+            if event_ids:
+                removed = connection.execute(self.statements.delete, (list(event_ids),)).rowcount
+            if offsets:
+                document = json.dumps(
+                    [
+                        {"topic": topic, "partition": partition, "next_offset": offset}
+                        for (topic, partition), offset in offsets.items()
+                    ]
+                )
+                connection.execute(self.statements.store_offsets, (document,))
+        return removed
+
+    def cdc_offsets(self) -> Offsets:
+        rows = self.connection.execute(self.statements.load_offsets).fetchall()
+        return {(topic, partition): offset for topic, partition, offset in rows}
 
     def backlog(self) -> Backlog:
         connection = self.connection

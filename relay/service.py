@@ -138,8 +138,8 @@ class Relay:
 
     def _step(self) -> bool:
         """Read once above the floor; publish, or (auto) leave rows to CDC. True: do more now."""
-        if self.settings.mode is RelayMode.AUTO:
-            self._follow_cdc()
+        if self.settings.mode is RelayMode.AUTO and not self._follow_cdc():
+            return False  # the watch is still catching up: too early to judge CDC
         last, xid_bound, xmin = self._database.horizon_bounds()
         self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
         limit = self.settings.batch_size
@@ -189,21 +189,21 @@ class Relay:
             self.metrics.dead_lettered.inc()
             log.error("broker refused event %s, moved to dead letters: %s", event_id, reason)
 
-    def _follow_cdc(self) -> None:
+    def _follow_cdc(self) -> bool:
+        """Delete what CDC delivered; True once the watch has caught up with Kafka."""
         if self._watch is None:
             self._watch = CdcWatch(
                 self._bootstrap,
-                group_id=self.settings.cdc_group_id,
                 heartbeat_topic=self.settings.cdc_heartbeat_topic,
+                offsets=self._database.cdc_offsets(),
             )
         deliveries = self._watch.poll(timeout_seconds=0.05)
         if deliveries.latest_heartbeat is not None:
             self._handover.cdc_heartbeat(deliveries.latest_heartbeat)
-        if deliveries.event_ids:
-            removed = self._database.remove(deliveries.event_ids)
+        if deliveries.event_ids or deliveries.offsets:
+            removed = self._database.remove_delivered(deliveries.event_ids, deliveries.offsets)
             self.metrics.cdc_confirmed.inc(removed)
-        if deliveries.event_ids or deliveries.latest_heartbeat is not None:
-            self._watch.commit()
+        return self._watch.caught_up
 
     def _report_backlog(self) -> None:
         now = time.monotonic()

@@ -48,7 +48,6 @@ class RelaySettings(BaseSettings):
     idle_seconds: float = Field(default=0.1, gt=0, le=60)
     grace_seconds: float = Field(default=5.0, gt=0, le=3600)
     cdc_heartbeat_topic: str = "outbox.outbox.outbox_heartbeat"
-    cdc_group_id: str = "outbox-relay"
     leader_retry_seconds: float = Field(default=1.0, gt=0, le=60)
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8090, ge=0, le=65535)
@@ -65,11 +64,4 @@ class RelaySettings(BaseSettings):
             raise ValueError(
                 f"{value!r} is not a Kafka topic name: letters, digits, '.', '_' and '-' only"
             )
-        return value
-
-    @field_validator("cdc_group_id")
-    @classmethod
-    def _group_id(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty: e.g. outbox-relay")
         return value

@@ -79,6 +79,22 @@ class RelayStatements:
         )
 
     @property
+    def load_offsets(self) -> str:
+        return f"SELECT topic, partition, next_offset FROM {self.tables.qualified_relay_offset}"
+
+    @property
+    def store_offsets(self) -> str:
+        """``%s``: a JSON array of ``{"topic", "partition", "next_offset"}``."""
+        return (
+            f"INSERT INTO {self.tables.qualified_relay_offset} AS o "
+            "(topic, partition, next_offset) "
+            "SELECT topic, partition, next_offset FROM jsonb_to_recordset(%s::jsonb) "
+            "AS r(topic text, partition integer, next_offset bigint) "
+            "ON CONFLICT (topic, partition) DO UPDATE SET next_offset = "
+            "greatest(o.next_offset, EXCLUDED.next_offset)"
+        )
+
+    @property
     def backlog(self) -> str:
         """Undelivered rows, and the age in seconds of the oldest (its creation time)."""
         return (

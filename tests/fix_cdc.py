@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -36,10 +37,10 @@ class CdcPath:
         return read_until(self.kafka.bootstrap_servers, topic, done, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
-def cdc(kafka_services: KafkaServices) -> Iterator[CdcPath]:
-    db = ScratchDatabase(kafka_services.cluster, f"outbox_test_cdc_{uuid.uuid4().hex[:8]}")
-    db.cluster.ensure_database(db.name)
+@contextmanager
+def cdc_path_for(kafka_services: KafkaServices, db: ScratchDatabase) -> Iterator[CdcPath]:
+    """A CDC role and a running connector (heartbeat every second) for a migrated ``db``;
+    the connector, its slot and the role are removed at exit."""
     suffix = uuid.uuid4().hex[:8]
     connector = ConnectorSettings(
         url=kafka_services.connect.rest_url,
@@ -48,38 +49,50 @@ def cdc(kafka_services: KafkaServices) -> Iterator[CdcPath]:
         database_name=db.name,
         database_user=f"cdc_{suffix}",
         slot_name=f"slot_{suffix}",
+        topic_prefix=f"outbox{suffix}",
         heartbeat_interval_ms=1000,
     )
     engine = sa.create_engine(db.url)
     with engine.begin() as connection:
-        migrations.upgrade(connection)
         migrations.create_cdc_role(connection, connector.database_user, kafka_services.cdc_password)
     client = ConnectClient(connector.url)
     client.apply(connector.name, render_connector_config(connector, OutboxSettings()))
     client.wait_running(connector.name, timeout=120)
-    yield CdcPath(db, kafka_services, connector, client)
-    client.delete(connector.name)
-    engine.dispose()  # its pooled connection may have died with a PostgreSQL restart
-    with engine.begin() as connection:
-        deadline = time.monotonic() + 30
-        while (
+    try:
+        yield CdcPath(db, kafka_services, connector, client)
+    finally:
+        client.delete(connector.name)
+        engine.dispose()  # its pooled connection may have died with a PostgreSQL restart
+        with engine.begin() as connection:
+            deadline = time.monotonic() + 30
+            while (
+                connection.execute(
+                    sa.text("SELECT active FROM pg_replication_slots WHERE slot_name = :s"),
+                    {"s": connector.slot_name},
+                ).scalar()
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.2)
             connection.execute(
-                sa.text("SELECT active FROM pg_replication_slots WHERE slot_name = :s"),
+                sa.text(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE slot_name = :s"
+                ),
                 {"s": connector.slot_name},
-            ).scalar()
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.2)
-        connection.execute(
-            sa.text(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                "WHERE slot_name = :s"
-            ),
-            {"s": connector.slot_name},
-        )
+            )
+            connection.execute(sa.text(f'DROP OWNED BY "{connector.database_user}"'))
+            connection.execute(sa.text(f'DROP ROLE IF EXISTS "{connector.database_user}"'))
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def cdc(kafka_services: KafkaServices) -> Iterator[CdcPath]:
+    db = ScratchDatabase(kafka_services.cluster, f"outbox_test_cdc_{uuid.uuid4().hex[:8]}")
+    db.cluster.ensure_database(db.name)
+    engine = sa.create_engine(db.url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
     engine.dispose()
+    with cdc_path_for(kafka_services, db) as path:
+        yield path
     db.cluster.drop_database(db.name)
-    admin_engine = sa.create_engine(db.cluster.url("postgres"))
-    with admin_engine.begin() as admin:
-        admin.execute(sa.text(f'DROP ROLE IF EXISTS "{connector.database_user}"'))
-    admin_engine.dispose()

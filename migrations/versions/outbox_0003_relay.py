@@ -1,4 +1,4 @@
-"""Polling relay: xid before position, traceparent never null, dead-letter tables.
+"""Polling relay: xid before position, traceparent never null, dead letters, CDC offsets.
 
 The relay's horizon (relay/horizon.py) reasons "every transaction that drew a position up
 to L has an xid below X". That holds only if a transaction gets its xid before it draws its
@@ -74,6 +74,17 @@ def upgrade() -> None:
         )
         """
     )
+    # Auto mode: how far the relay has read CDC's records, per partition (relay/cdc_watch.py).
+    op.execute(
+        f"""
+        CREATE TABLE {tables.qualified_relay_offset} (
+            topic       text    NOT NULL,
+            partition   integer NOT NULL,
+            next_offset bigint  NOT NULL,
+            PRIMARY KEY (topic, partition)
+        )
+        """
+    )
     op.execute(
         f"""
         CREATE TABLE {tables.qualified_inbox_dead_letter} (
@@ -97,6 +108,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     tables = outbox_tables()
     op.execute(f"DROP TABLE {tables.qualified_inbox_dead_letter}")
+    op.execute(f"DROP TABLE {tables.qualified_relay_offset}")
     op.execute(f"DROP TABLE {tables.qualified_dead_letter}")
     op.execute(
         f"ALTER TABLE {tables.qualified_outbox} ALTER COLUMN traceparent DROP NOT NULL, "

@@ -62,6 +62,15 @@ class OutboxTables:
         return qualified_name(self.schema, self.dead_letter, field="outbox table (dead letters)")
 
     @property
+    def relay_offset(self) -> str:
+        """How far the relay (auto mode) has read CDC's records, per topic partition."""
+        return f"{self.outbox}_relay_offset"
+
+    @property
+    def qualified_relay_offset(self) -> str:
+        return qualified_name(self.schema, self.relay_offset, field="outbox table (offsets)")
+
+    @property
     def inbox_dead_letter(self) -> str:
         """Records a consumer's handler kept failing on, with the reason."""
         return f"{self.inbox}_dead_letter"

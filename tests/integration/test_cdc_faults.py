@@ -4,65 +4,17 @@ while an application writes. Nothing committed may be lost; duplicates carry the
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable
 
-import psycopg
 import pytest
 
-from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
 from tests.fix_cdc import CdcPath
+from tests.writers import Writer
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Writer(threading.Thread):
-    """Publishes batches of 10 events, like an application: on a lost connection it
-    reconnects and goes on. What counts as written is read back from the outbox afterwards
-    (a commit interrupted by a restart may or may not have happened)."""
-
-    def __init__(self, conninfo: str, aggregate_type: str, batches: int) -> None:
-        super().__init__(daemon=True)
-        self.conninfo = conninfo
-        self.aggregate_type = aggregate_type
-        self.batches = batches
-        self.done_batches = 0
-        self.errors: list[BaseException] = []
-
-    def run(self) -> None:
-        outbox = Outbox()
-        deadline = time.monotonic() + 180
-        connection: psycopg.Connection | None = None
-        while self.done_batches < self.batches and time.monotonic() < deadline:
-            try:
-                if connection is None or connection.closed:
-                    connection = psycopg.connect(self.conninfo, connect_timeout=3)
-                with connection.transaction():
-                    outbox.publish_many(
-                        connection,
-                        [
-                            Event(self.aggregate_type, str(n % 7), "Written", {"n": n})
-                            for n in range(10)
-                        ],
-                    )
-                self.done_batches += 1
-            except psycopg.OperationalError:
-                connection = None
-                time.sleep(0.2)  # the database is restarting: retry as an application would
-            except BaseException as error:
-                self.errors.append(error)
-                return
-        if connection is not None:
-            connection.close()
-
-    def wait_for(self, batches: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while self.done_batches < batches:
-            assert time.monotonic() < deadline, f"writer stuck at {self.done_batches} batches"
-            time.sleep(0.05)
 
 
 def committed_ids(cdc: CdcPath, aggregate_type: str) -> set[uuid.UUID]:
