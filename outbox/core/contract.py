@@ -17,9 +17,11 @@ See docs/contract.md.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "HEADER_EVENT_TYPE",
@@ -28,7 +30,10 @@ __all__ = [
     "HEADER_TRACEPARENT",
     "TOPIC_PREFIX",
     "ContractRecord",
+    "ContractViolation",
+    "ReceivedEvent",
     "event_id_of",
+    "parse_record",
     "record_for",
     "topic_for",
 ]
@@ -88,3 +93,65 @@ def event_id_of(headers: Sequence[tuple[str, bytes | None]]) -> uuid.UUID:
         if name == HEADER_ID and value is not None:
             return uuid.UUID(value.decode())
     raise ValueError("the record has no 'id' header: it does not follow the outbox contract")
+
+
+class ContractViolation(ValueError):
+    """A record on an outbox topic that does not follow the contract (the reason says how)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedEvent:
+    """An outbox event as a consumer receives it, whichever path delivered it."""
+
+    event_id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: Any
+    headers: dict[str, str]
+    traceparent: str | None
+    topic: str
+    partition: int
+    offset: int
+
+
+def parse_record(
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+) -> ReceivedEvent:
+    """Read a contract record back; :class:`ContractViolation` names what is wrong."""
+    if not topic.startswith(TOPIC_PREFIX):
+        raise ContractViolation(f"topic {topic!r} is not an outbox topic ({TOPIC_PREFIX}<type>)")
+    named = {name: data for name, data in headers}
+    try:
+        event_id = event_id_of(headers)
+    except ValueError as error:
+        raise ContractViolation(str(error)) from None
+    event_type = named.get(HEADER_EVENT_TYPE)
+    if not event_type:
+        raise ContractViolation("the record has no 'eventType' header")
+    try:
+        payload = json.loads(value) if value is not None else None
+        extra = json.loads(named.get(HEADER_HEADERS) or b"{}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ContractViolation(f"the value or the 'headers' header is not JSON: {error}") from None
+    if not isinstance(extra, dict):
+        raise ContractViolation("the 'headers' header is not a JSON object")
+    traceparent = named.get(HEADER_TRACEPARENT)
+    return ReceivedEvent(
+        event_id=event_id,
+        aggregate_type=topic[len(TOPIC_PREFIX) :],
+        aggregate_id=key.decode() if key is not None else "",
+        event_type=event_type.decode(),
+        payload=payload,
+        headers={str(k): str(v) for k, v in extra.items()},
+        traceparent=traceparent.decode() if traceparent else None,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+    )

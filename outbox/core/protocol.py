@@ -8,6 +8,7 @@ what they decide.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -164,6 +165,45 @@ def claim_message(
         statements.claim_message, {"consumer": consumer, "message_id": message_id}, Result.ROWS
     )
     return bool(rows)
+
+
+def dead_letter_message(
+    statements: OutboxStatements,
+    *,
+    consumer: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    event_id: str | None,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+    reason: str,
+    attempts: int,
+) -> Generator[Statement, Rows, None]:
+    """Keep a record a consumer could not handle, with the reason, for ops to look at."""
+    header_text = json.dumps(
+        [
+            [name, None if data is None else data.decode("utf-8", "replace")]
+            for name, data in headers
+        ]
+    )
+    yield Statement(
+        statements.dead_letter_message,
+        {
+            "consumer": consumer,
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "event_id": event_id,
+            "key": key,
+            "value": value,
+            "headers": header_text,
+            "reason": reason[:4000],
+            "attempts": attempts,
+        },
+        Result.ROWCOUNT,
+    )
 
 
 def delete_expired(sql: str, window: timedelta) -> Generator[Statement, Rows, int]:

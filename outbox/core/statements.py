@@ -182,6 +182,19 @@ class OutboxStatements:
         )
 
     @cached_property
+    def dead_letter_message(self) -> str:
+        return (
+            f"INSERT INTO {self.tables.qualified_inbox_dead_letter}\n"
+            f'  (consumer, topic, partition, "offset", event_id, key, value, headers, reason, '
+            f"attempts)\n"
+            f"VALUES (%(consumer)s, %(topic)s, %(partition)s, %(offset)s, %(event_id)s, %(key)s,\n"
+            f"        %(value)s, CAST(%(headers)s AS jsonb), %(reason)s, %(attempts)s)\n"
+            f'ON CONFLICT (consumer, topic, partition, "offset") DO UPDATE\n'
+            f"SET reason = EXCLUDED.reason, attempts = EXCLUDED.attempts,\n"
+            f"    failed_at = clock_timestamp()"
+        )
+
+    @cached_property
     def delete_expired_claims(self) -> str:
         return (
             f"DELETE FROM {self.tables.qualified_inbox}\n"

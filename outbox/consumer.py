@@ -1,0 +1,247 @@
+"""An idempotent Kafka consumer of outbox topics: each event applied exactly once.
+
+For each record: one database transaction claims the event id in the inbox and runs your
+handler; both commit or neither does. Kafka offsets are committed after that, so a crash
+in between redelivers records whose claims already exist: they are skipped. A handler that
+keeps failing on one record (``max_attempts``) sends it to the consumer's dead-letter table
+(``outbox.outbox_inbox_dead_letter``) instead of blocking its partition; a record that does
+not follow the contract goes there at once. Database outages are not the handler's fault:
+they are retried without end (with backoff) and never dead-letter anything.
+
+    from sqlalchemy.orm import sessionmaker
+    from outbox.consumer import IdempotentConsumer
+
+    def apply(session, event):                      # your side effects, in the transaction
+        session.add(Shipment(order_id=event.aggregate_id))
+
+    consumer = IdempotentConsumer(
+        name="shipping", topics=["outbox.event.order"], group_id="shipping",
+        bootstrap_servers="kafka:9092", begin=sessionmaker(engine).begin, handler=apply,
+    )
+    consumer.run(stop)                              # until stop (a threading.Event) is set
+
+Needs ``kafka-python`` (``pip install 'outbox-relay[relay]'``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from kafka import KafkaConsumer
+
+from outbox._drivers import drive, sync_executor
+from outbox.core.contract import ContractViolation, ReceivedEvent, parse_record
+from outbox.core.protocol import claim_message, dead_letter_message
+from outbox.core.statements import OutboxStatements
+from outbox.settings import OutboxSettings
+
+__all__ = ["ConsumerStats", "IdempotentConsumer", "ReceivedEvent"]
+
+log = logging.getLogger("outbox.consumer")
+
+T = TypeVar("T")
+
+
+def _is_database_outage(error: BaseException) -> bool:
+    """Connection-level database failures (retry, not the handler's fault)."""
+    import psycopg
+    from sqlalchemy import exc
+
+    return isinstance(
+        error, psycopg.OperationalError | exc.OperationalError | exc.InterfaceError
+    ) or (isinstance(error, exc.DBAPIError) and error.connection_invalidated)
+
+
+@dataclass
+class ConsumerStats:
+    applied: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    handler_failures: int = 0
+
+
+class IdempotentConsumer(Generic[T]):
+    """Consume outbox topics and apply each event exactly once to your database.
+
+    ``begin`` opens a transaction and yields what ``handler`` gets: ``engine.begin`` (a
+    SQLAlchemy ``Connection``), ``sessionmaker(engine).begin`` (a ``Session``), or for psycopg
+    a function returning ``connection.transaction()``-style context managers that yield the
+    connection. ``name`` is the inbox's consumer name: one per service, stable across
+    deploys. Subscribe with ``topics`` or a regex ``pattern`` (e.g. ``^outbox\\.event\\..*``).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        group_id: str,
+        bootstrap_servers: str,
+        begin: Callable[[], AbstractContextManager[T]],
+        handler: Callable[[T, ReceivedEvent], None],
+        topics: Sequence[str] = (),
+        pattern: str | None = None,
+        max_attempts: int = 5,
+        retry_backoff_seconds: float = 0.2,
+        settings: OutboxSettings | None = None,
+        consumer_options: dict[str, Any] | None = None,
+    ) -> None:
+        if bool(topics) == (pattern is not None):
+            raise ValueError("give topics=[...] or pattern='...', one of the two")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts={max_attempts} must be at least 1")
+        self.name = name
+        self.stats = ConsumerStats()
+        self._begin = begin
+        self._handler = handler
+        self._max_attempts = max_attempts
+        self._backoff = retry_backoff_seconds
+        self._statements = OutboxStatements((settings or OutboxSettings()).tables)
+        self._consumer: Any = KafkaConsumer(
+            bootstrap_servers=bootstrap_servers.split(","),
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **(consumer_options or {}),
+        )
+        if pattern is not None:
+            self._consumer.subscribe(pattern=pattern)
+        else:
+            self._consumer.subscribe(list(topics))
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume until ``stop`` is set; the record in hand is finished first."""
+        try:
+            while not stop.is_set():
+                self.poll_once(timeout_seconds=0.5, stop=stop)
+        except _Stopped:
+            return  # the record in hand is not committed: it comes again after a restart
+        finally:
+            self._consumer.close(autocommit=False)
+
+    def poll_once(self, *, timeout_seconds: float, stop: threading.Event | None = None) -> int:
+        """Handle one poll's records, then commit their offsets. How many records came."""
+        batches = self._consumer.poll(timeout_ms=int(timeout_seconds * 1000))
+        count = 0
+        for records in batches.values():
+            for record in records:
+                self._handle(record, stop)
+                count += 1
+        if count:
+            self._consumer.commit()
+        return count
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)
+
+    # -- one record ------------------------------------------------------------------------
+
+    def _handle(self, record: Any, stop: threading.Event | None) -> None:
+        try:
+            event = parse_record(
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                key=record.key,
+                value=record.value,
+                headers=record.headers,
+            )
+        except ContractViolation as violation:
+            self._dead_letter(record, None, f"not an outbox record: {violation}", 1, stop)
+            return
+        attempts = 0
+        backoff = self._backoff
+        while True:
+            try:
+                with self._begin() as transaction:
+                    if self._claim(transaction, event):
+                        self._handler(transaction, event)
+                        self.stats.applied += 1
+                    else:
+                        self.stats.duplicates += 1
+                return
+            except Exception as error:
+                if _is_database_outage(error):
+                    log.warning("database unavailable, retrying: %s", type(error).__name__)
+                else:
+                    attempts += 1
+                    self.stats.handler_failures += 1
+                    log.warning(
+                        "handler failed on event %s (attempt %d of %d): %s",
+                        event.event_id,
+                        attempts,
+                        self._max_attempts,
+                        f"{type(error).__name__}: {error}",
+                    )
+                    if attempts >= self._max_attempts:
+                        reason = f"{type(error).__name__}: {error}"
+                        self._dead_letter(record, event, reason, attempts, stop)
+                        return
+            _pause(backoff, stop)
+            backoff = min(backoff * 2, 5.0)
+
+    def _claim(self, transaction: T, event: ReceivedEvent) -> bool:
+        return drive(
+            claim_message(self._statements, event.event_id, self.name),
+            sync_executor(transaction),
+        )
+
+    def _dead_letter(
+        self,
+        record: Any,
+        event: ReceivedEvent | None,
+        reason: str,
+        attempts: int,
+        stop: threading.Event | None,
+    ) -> None:
+        backoff = self._backoff
+        while True:
+            try:
+                with self._begin() as transaction:
+                    drive(
+                        dead_letter_message(
+                            self._statements,
+                            consumer=self.name,
+                            topic=record.topic,
+                            partition=record.partition,
+                            offset=record.offset,
+                            event_id=None if event is None else str(event.event_id),
+                            key=record.key,
+                            value=record.value,
+                            headers=record.headers,
+                            reason=reason,
+                            attempts=attempts,
+                        ),
+                        sync_executor(transaction),
+                    )
+                self.stats.dead_lettered += 1
+                log.error(
+                    "record %s/%d@%d sent to the dead letters: %s",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    reason,
+                )
+                return
+            except Exception as error:
+                if not _is_database_outage(error):
+                    raise
+                _pause(backoff, stop)
+                backoff = min(backoff * 2, 5.0)
+
+
+class _Stopped(Exception):
+    """Stop was requested while waiting to retry: leave without committing the offset."""
+
+
+def _pause(seconds: float, stop: threading.Event | None) -> None:
+    """Wait before a retry; with a stop event, end the wait (and the run) when it is set."""
+    if stop is None:
+        time.sleep(seconds)
+    elif stop.wait(seconds):
+        raise _Stopped

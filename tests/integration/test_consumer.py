@@ -1,0 +1,157 @@
+"""The SDK's idempotent Kafka consumer, with the example shipping service, on the real stack."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from kafka import KafkaProducer
+from sqlalchemy.orm import Session
+
+from examples import order_service, shipping_service
+from outbox import Event, Outbox
+from outbox.consumer import IdempotentConsumer, ReceivedEvent
+from outbox.core.contract import event_id_of, topic_for
+from tests.fix_relay import RelayBench, wait_until
+from tests.kafka_read import read_until
+
+FAST_GROUP = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 1000,
+    "max_poll_interval_ms": 6000,
+}
+
+
+def drain(consumer: IdempotentConsumer[Any], until: Any, timeout: float = 90) -> None:
+    """Poll until ``until()`` holds (the consumer is driven by the test's own thread)."""
+    wait_until(
+        lambda: consumer.poll_once(timeout_seconds=0.5) >= 0 and until(),
+        timeout=timeout,
+        what="the consumer catches up",
+    )
+
+
+def test_the_shipping_service_applies_every_event_once_while_duplicates_arrive(
+    relay_bench: RelayBench,
+) -> None:
+    engine = sa.create_engine(relay_bench.database.url)
+    order_service.create_schema(engine)
+    shipping_service.create_schema(engine)
+    summary = order_service.run(engine, 30)
+    bootstrap = relay_bench.kafka.bootstrap_servers
+    topic = topic_for("order")
+    with relay_bench.in_thread():
+        wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="orders relayed")
+    records: list[Any] = read_until(
+        bootstrap, topic, lambda r: len(r) >= summary.placed + summary.paid, timeout=60
+    )
+    # Inject a duplicate of every record, as a connector crash or a relay switch would.
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    for record in records:
+        producer.send(topic, key=record.key, value=record.value, headers=record.headers)
+    producer.flush()
+    producer.close()
+    events = {event_id_of(r.headers): r for r in records}
+    paid = {i for i, r in events.items() if dict(r.headers)["eventType"] == b"OrderPaid"}
+    placed = {i for i, r in events.items() if dict(r.headers)["eventType"] == b"OrderPlaced"}
+    assert len(paid) >= summary.paid and len(placed) >= summary.placed
+
+    group = f"shipping-{uuid.uuid4().hex[:8]}"
+    service = shipping_service.consumer(
+        engine, bootstrap, group_id=group, consumer_options=FAST_GROUP
+    )
+    try:
+        drain(service, lambda: service.stats.applied + service.stats.duplicates >= 2 * len(events))
+    finally:
+        service.close()
+    assert service.stats.applied == len(events)
+    assert service.stats.duplicates == len(events)
+    assert shipping_service.shipments(engine) == len(paid)
+    with engine.connect() as connection:
+        total_orders = connection.execute(
+            sa.text("SELECT sum(orders) FROM shipping.customer_orders")
+        ).scalar()
+    assert total_orders == len(placed)
+
+    # A second deployment reading everything again (a new group) changes nothing.
+    again = shipping_service.consumer(
+        engine, bootstrap, group_id=f"{group}-again", consumer_options=FAST_GROUP
+    )
+    try:
+        drain(again, lambda: again.stats.duplicates >= 2 * len(events))
+    finally:
+        again.close()
+    assert again.stats.applied == 0
+    assert shipping_service.shipments(engine) == len(paid)
+    engine.dispose()
+
+
+def test_poison_records_go_to_the_dead_letters_and_the_partition_moves_on(
+    relay_bench: RelayBench,
+) -> None:
+    aggregate_type = f"c{uuid.uuid4().hex[:10]}"
+    topic = topic_for(aggregate_type)
+    bootstrap = relay_bench.kafka.bootstrap_servers
+    with relay_bench.database.connect() as connection, connection.transaction():
+        events = [Event(aggregate_type, "1", "Step", {"n": n}) for n in range(5)]
+        Outbox().publish_many(connection, events)
+    with relay_bench.in_thread():
+        wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="relayed")
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(topic, key=b"1", value=b"not json at all", headers=[("eventType", b"X")])
+    producer.flush()
+    producer.close()
+
+    engine = sa.create_engine(relay_bench.database.url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE applied (n int PRIMARY KEY)")
+    bad = events[2].event_id
+
+    def handler(session: Session, event: ReceivedEvent) -> None:
+        if event.event_id == bad:
+            raise RuntimeError("this one always fails")
+        session.execute(sa.text("INSERT INTO applied VALUES (:n)"), {"n": event.payload["n"]})
+
+    consumer = IdempotentConsumer(
+        name="poison-test",
+        group_id=f"poison-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        bootstrap_servers=bootstrap,
+        begin=sa.orm.sessionmaker(engine).begin,
+        handler=handler,
+        max_attempts=3,
+        retry_backoff_seconds=0.05,
+        consumer_options=FAST_GROUP,
+    )
+    try:
+        drain(consumer, lambda: consumer.stats.dead_lettered >= 2 and consumer.stats.applied >= 4)
+    finally:
+        consumer.close()
+    with engine.connect() as connection:
+        applied = connection.execute(sa.text("SELECT n FROM applied ORDER BY n")).scalars().all()
+        letters = connection.execute(
+            sa.text(
+                "SELECT event_id, reason, attempts, value FROM outbox.outbox_inbox_dead_letter "
+                "WHERE consumer = 'poison-test' ORDER BY \"offset\""
+            )
+        ).all()
+    assert applied == [0, 1, 3, 4]  # the events after the failing one were not blocked
+    assert [(row.event_id, row.attempts) for row in letters] == [(str(bad), 3), (None, 1)]
+    assert "this one always fails" in letters[0].reason
+    assert "not an outbox record" in letters[1].reason
+    assert bytes(letters[1].value) == b"not json at all"
+    engine.dispose()
+
+
+def test_consumer_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="topics"):
+        IdempotentConsumer(
+            name="x",
+            group_id="x",
+            bootstrap_servers="127.0.0.1:1",
+            begin=threading.Lock,  # never used
+            handler=lambda _t, _e: None,
+        )
