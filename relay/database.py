@@ -32,13 +32,16 @@ def libpq_conninfo(database_url: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
-    id: uuid.UUID
+    """One undelivered row, its record's parts already UTF-8 bytes (see relay/statements.py)."""
+
+    id: str
+    """The event id, canonical UUID text."""
     aggregate_type: str
-    aggregate_id: str
-    event_type: str
-    payload_text: str
-    headers_text: str
-    traceparent: str
+    key: bytes
+    event_type: bytes
+    payload: bytes
+    headers: bytes
+    traceparent: bytes
     position: int
 
 
@@ -93,12 +96,11 @@ class RelayDatabase:
         return int(last[0]), int(xid[0]), int(xmin[0])
 
     def read(self, floor: int, limit: int) -> list[OutboxRow]:
-        cursor = self.connection.execute(self.statements.read, (floor, limit))
+        cursor = self.connection.cursor(binary=True)
+        cursor.execute(self.statements.read, (floor, limit))
         return [OutboxRow(*row) for row in cursor.fetchall()]
 
-    def finish(
-        self, delivered: Sequence[uuid.UUID], rejected: Sequence[tuple[uuid.UUID, str]]
-    ) -> None:
+    def finish(self, delivered: Sequence[str], rejected: Sequence[tuple[str, str]]) -> None:
         """Delete what the broker acknowledged; move what it refused to the dead letters.
 
         One transaction: a crash leaves either all of it or none of it (then the batch is

@@ -15,8 +15,7 @@ some path's record of it is on Kafka.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Handover"]
@@ -30,9 +29,9 @@ class Handover:
     takeovers: int = 0
     stepbacks: int = 0
     _last_cdc_heartbeat: float | None = None
-    _first_seen: dict[uuid.UUID, float] = field(default_factory=dict)
+    _first_seen: dict[Hashable, float] = field(default_factory=dict)
 
-    def should_publish(self, event_ids: Sequence[uuid.UUID], now: float) -> bool:
+    def should_publish(self, event_ids: Sequence[Hashable], now: float) -> bool:
         """Given the ids of one read (in position order), publish them all, or none?"""
         self._first_seen = {event_id: self._first_seen.get(event_id, now) for event_id in event_ids}
         if self.publishing:

@@ -56,22 +56,33 @@ class Horizon:
         """Every position up to here belongs to a transaction that has ended."""
         return self._final
 
-    def delivered(
+    def candidate(
         self, positions: Sequence[int], *, limit: int, first_left: int | None = None
-    ) -> None:
-        """A read of ``positions`` (ascending, above the floor) was delivered and deleted.
+    ) -> int:
+        """Where the floor may go once the rows of this read are delivered (and deleted).
 
-        ``limit`` is the read's row limit: a full read may have stopped before rows that are
-        present beyond it. ``first_left`` is the lowest position read but left in the table
-        (auto mode leaves fresh rows to CDC). The floor then moves to the highest position
-        below which nothing undelivered can still be present or appear.
+        Call it right after the read, ``positions`` being everything it returned (ascending,
+        above the floor). ``limit`` is the read's row limit: a full read may have stopped
+        before rows that are present beyond it. ``first_left`` is the lowest position read
+        but left in the table (auto mode leaves fresh rows to CDC). Nothing undelivered can
+        then be present or appear at or below the answer.
         """
         candidate = self._final
         if len(positions) >= limit and positions:
             candidate = min(candidate, positions[-1])
         if first_left is not None:
             candidate = min(candidate, first_left - 1)
+        return candidate
+
+    def advance(self, candidate: int) -> None:
+        """The read that gave ``candidate`` (and every earlier one) was delivered."""
         self.floor = max(self.floor, candidate)
+
+    def delivered(
+        self, positions: Sequence[int], *, limit: int, first_left: int | None = None
+    ) -> None:
+        """A read of ``positions`` was delivered at once: :meth:`candidate`, then advance."""
+        self.advance(self.candidate(positions, limit=limit, first_left=first_left))
 
     def reset(self) -> None:
         """Forget everything (after a reconnect or a change of leader): read from the start."""

@@ -14,7 +14,7 @@ answer sorts every row into one of three outcomes:
 from __future__ import annotations
 
 import contextlib
-import uuid
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,19 +22,29 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from outbox.core.contract import record_for
+from outbox.core.contract import headers_for, topic_for
 from relay.database import OutboxRow
 from relay.settings import RelaySettings
 
-__all__ = ["BatchOutcome", "ContractProducer"]
+__all__ = ["BatchOutcome", "ContractProducer", "PendingBatch"]
 
 
 @dataclass
 class BatchOutcome:
-    delivered: list[uuid.UUID] = field(default_factory=list)
-    rejected: list[tuple[uuid.UUID, str]] = field(default_factory=list)
+    delivered: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
     failure: str | None = None
     """Set when some row was neither acknowledged nor refused for good: retry the batch."""
+
+
+@dataclass
+class PendingBatch:
+    """Rows handed to the producer, their futures, and what failed at once."""
+
+    rows: list[OutboxRow]
+    sent: list[tuple[str, Any]] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    failure: str | None = None
 
 
 def _reason(error: BaseException) -> str:
@@ -68,35 +78,42 @@ class ContractProducer:
         )
 
     def publish(self, rows: Sequence[OutboxRow]) -> BatchOutcome:
-        """Send every row, wait for the broker's answers (at most the delivery timeout)."""
-        outcome = BatchOutcome()
-        sent: list[tuple[uuid.UUID, Any]] = []
+        """Send every row and wait for the broker's answers (at most the delivery timeout)."""
+        return self.wait(self.send(rows))
+
+    def send(self, rows: Sequence[OutboxRow]) -> PendingBatch:
+        """Hand every row to the producer, without waiting for acknowledgements."""
+        pending = PendingBatch(rows=list(rows))
         for row in rows:
-            record = record_for(
-                event_id=row.id,
-                aggregate_type=row.aggregate_type,
-                aggregate_id=row.aggregate_id,
+            headers = headers_for(
+                event_id=row.id.encode(),
                 event_type=row.event_type,
-                payload_text=row.payload_text,
-                headers_text=row.headers_text,
                 traceparent=row.traceparent,
+                headers=row.headers,
             )
             try:
                 future = self._producer.send(
-                    record.topic, key=record.key, value=record.value, headers=list(record.headers)
+                    topic_for(row.aggregate_type), key=row.key, value=row.payload, headers=headers
                 )
             except KafkaError as error:  # e.g. too large for max_request_size: raised at once
                 if _retriable(error):
-                    outcome.failure = _reason(error)
-                    return outcome
-                outcome.rejected.append((row.id, _reason(error)))
+                    pending.failure = _reason(error)
+                    return pending
+                pending.rejected.append((row.id, _reason(error)))
                 continue
-            sent.append((row.id, future))
-        try:
-            self._producer.flush(timeout=self._settings.delivery_timeout_seconds)
-        except KafkaError as error:
-            outcome.failure = _reason(error)
-        for event_id, future in sent:
+            pending.sent.append((row.id, future))
+        return pending
+
+    def wait(self, pending: PendingBatch) -> BatchOutcome:
+        """The broker's answers for a sent batch, waiting at most the delivery timeout."""
+        outcome = BatchOutcome(rejected=list(pending.rejected), failure=pending.failure)
+        if outcome.failure is not None:
+            return outcome
+        deadline = time.monotonic() + self._settings.delivery_timeout_seconds
+        for event_id, future in pending.sent:
+            if not future.is_done:
+                with contextlib.suppress(KafkaError):  # judged below, from the future
+                    future.get(timeout=max(0.0, deadline - time.monotonic()))
             if not future.is_done:
                 outcome.failure = outcome.failure or "not acknowledged within the delivery timeout"
             elif future.succeeded():

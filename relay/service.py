@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import psycopg
 from kafka.errors import KafkaError
@@ -29,7 +31,7 @@ from relay.handover import Handover
 from relay.health import Liveness
 from relay.horizon import Horizon
 from relay.metrics import RelayMetrics
-from relay.producer import ContractProducer
+from relay.producer import BatchOutcome, ContractProducer
 from relay.settings import RelayMode, RelaySettings
 
 __all__ = ["Relay"]
@@ -41,6 +43,23 @@ _BACKLOG_EVERY_SECONDS = 2.0
 
 class _BatchNotAcknowledged(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class _Read:
+    """Rows to publish, and the floor the read allows once they (and all before) are gone."""
+
+    rows: list[OutboxRow]
+    candidate: int
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """An acknowledged batch, waiting to leave the table."""
+
+    rows: list[OutboxRow]
+    outcome: BatchOutcome
+    candidate: int
 
 
 class Relay:
@@ -99,13 +118,84 @@ class Relay:
         self._horizon.reset()
         if self.settings.mode is RelayMode.POLLING:
             self.metrics.publishing.set(1)
+            self._relay_polling(stop)
+            return
         while not stop.is_set():
             self.liveness.beat()
-            busy = self._step()
+            busy = self._step_auto()
             self._backoff = self.settings.retry_backoff_seconds
             self._report_backlog()
             if not busy:
                 stop.wait(self.settings.idle_seconds)
+
+    # -- polling mode: a pipeline ------------------------------------------------------------
+
+    def _relay_polling(self, stop: threading.Event) -> None:
+        """Publish batch after batch; the database work of one overlaps the sending of another.
+
+        One database thread, one connection (the leader's session), statements in order:
+        each cycle deletes the batch acknowledged last, then reads the next one (skipping the
+        rows of the batch still being sent), while this thread sends the current batch and
+        waits for its acknowledgements. Records leave in position order; a row leaves the
+        table only after its record was acknowledged; the floor moves only over delivered
+        rows. A failure abandons what is in flight: those rows are published again.
+        """
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-db") as database:
+            acked: _InFlight | None = None
+            read = self._database_cycle(None, frozenset())
+            while not stop.is_set():
+                self.liveness.beat()
+                if not read.rows:
+                    # Nothing new: finish what was acknowledged, then the empty read's floor.
+                    following = self._database_cycle(acked, frozenset())
+                    acked = None
+                    self._horizon.advance(read.candidate)
+                    self.metrics.floor.set(self._horizon.floor)
+                    self._backoff = self.settings.retry_backoff_seconds
+                    if not following.rows and stop.wait(self.settings.idle_seconds):
+                        break
+                    read = following
+                    continue
+                skip = frozenset(row.id for row in read.rows)
+                cycle = database.submit(self._database_cycle, acked, skip)
+                try:
+                    started = time.monotonic()
+                    outcome = self._producer_ready().wait(self._producer_ready().send(read.rows))
+                finally:
+                    following = cycle.result()  # never leave the database thread running alone
+                acked = None
+                if outcome.failure is not None:
+                    self._drop_producer()
+                    raise _BatchNotAcknowledged(f"{len(read.rows)} rows: {outcome.failure}")
+                self.metrics.publish_seconds.observe(time.monotonic() - started)
+                acked = _InFlight(read.rows, outcome, read.candidate)
+                self._backoff = self.settings.retry_backoff_seconds
+                read = following
+            if acked is not None:  # stopping: the acknowledged batch leaves the table first
+                self._finish(acked)
+
+    def _database_cycle(self, acked: _InFlight | None, skip: frozenset[str]) -> _Read:
+        """Finish the acknowledged batch, then read the next (runs on the database thread)."""
+        if acked is not None:
+            self._finish(acked)
+        self._report_backlog()
+        self._observe_horizon()
+        fetch = self.settings.batch_size + len(skip)
+        read = self._database.read(self._horizon.floor, fetch)
+        candidate = self._horizon.candidate([row.position for row in read], limit=fetch)
+        return _Read([row for row in read if row.id not in skip], candidate)
+
+    def _finish(self, batch: _InFlight) -> None:
+        """Delete what the broker took, dead-letter what it refused; the floor moves on."""
+        outcome = batch.outcome
+        self._database.finish(outcome.delivered, outcome.rejected)
+        self._horizon.advance(batch.candidate)
+        self.metrics.floor.set(self._horizon.floor)
+        self.metrics.published.inc(len(outcome.delivered))
+        self.metrics.batch_rows.observe(len(batch.rows))
+        for event_id, reason in outcome.rejected:
+            self.metrics.dead_lettered.inc()
+            log.error("broker refused event %s, moved to dead letters: %s", event_id, reason)
 
     def _fault(self, kind: str, error: BaseException, stop: threading.Event) -> None:
         self.metrics.errors.labels(kind).inc()
@@ -134,31 +224,49 @@ class Relay:
         if was_leader:
             log.info("no longer leader")
 
-    # -- one step --------------------------------------------------------------------------
+    # -- auto mode: one step at a time -------------------------------------------------------
 
-    def _step(self) -> bool:
-        """Read once above the floor; publish, or (auto) leave rows to CDC. True: do more now."""
-        if self.settings.mode is RelayMode.AUTO and not self._follow_cdc():
+    def _step_auto(self) -> bool:
+        if not self._follow_cdc():
             return False  # the watch is still catching up: too early to judge CDC
-        last, xid_bound, xmin = self._database.horizon_bounds()
-        self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
+        self._observe_horizon()
         limit = self.settings.batch_size
         rows = self._database.read(self._horizon.floor, limit)
-        if self.settings.mode is RelayMode.AUTO and not self._takes_over(rows):
+        if not self._takes_over(rows):
             first_left = rows[0].position if rows else None
             self._horizon.delivered([], limit=limit, first_left=first_left)
             self.metrics.floor.set(self._horizon.floor)
             return False
+        candidate = self._horizon.candidate([row.position for row in rows], limit=limit)
         if rows:
-            self._publish(rows)
-        self._horizon.delivered([row.position for row in rows], limit=limit)
-        self.metrics.floor.set(self._horizon.floor)
-        full = len(rows) >= limit
-        if not full and self.settings.mode is RelayMode.AUTO and self._handover.drained():
+            started = time.monotonic()
+            outcome = self._producer_ready().publish(rows)
+            if outcome.failure is not None:
+                self._drop_producer()
+                raise _BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
+            self.metrics.publish_seconds.observe(time.monotonic() - started)
+            self._finish(_InFlight(rows, outcome, candidate))
+        else:
+            self._horizon.advance(candidate)
+        if len(rows) < limit and self._handover.drained():
             self.metrics.stepbacks.inc()
             self.metrics.publishing.set(0)
             log.info("CDC delivers again: relay steps back")
-        return full
+        return len(rows) >= limit
+
+    def _observe_horizon(self) -> None:
+        last, xid_bound, xmin = self._database.horizon_bounds()
+        self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
+
+    def _producer_ready(self) -> ContractProducer:
+        if self._producer is None:
+            self._producer = ContractProducer(self._bootstrap, self.settings)
+        return self._producer
+
+    def _drop_producer(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
 
     def _takes_over(self, rows: list[OutboxRow]) -> bool:
         was_publishing = self._handover.publishing
@@ -171,23 +279,6 @@ class Relay:
                 self.settings.grace_seconds,
             )
         return publish
-
-    def _publish(self, rows: list[OutboxRow]) -> None:
-        if self._producer is None:
-            self._producer = ContractProducer(self._bootstrap, self.settings)
-        started = time.monotonic()
-        outcome = self._producer.publish(rows)
-        if outcome.failure is not None:
-            self._producer.close()
-            self._producer = None
-            raise _BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
-        self.metrics.publish_seconds.observe(time.monotonic() - started)
-        self._database.finish(outcome.delivered, outcome.rejected)
-        self.metrics.published.inc(len(outcome.delivered))
-        self.metrics.batch_rows.observe(len(rows))
-        for event_id, reason in outcome.rejected:
-            self.metrics.dead_lettered.inc()
-            log.error("broker refused event %s, moved to dead letters: %s", event_id, reason)
 
     def _follow_cdc(self) -> bool:
         """Delete what CDC delivered; True once the watch has caught up with Kafka."""

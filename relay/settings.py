@@ -44,7 +44,7 @@ class RelaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OUTBOX_RELAY_", extra="ignore", frozen=True)
 
     mode: RelayMode = RelayMode.POLLING
-    batch_size: int = Field(default=2000, ge=1, le=100_000)
+    batch_size: int = Field(default=5000, ge=1, le=100_000)
     idle_seconds: float = Field(default=0.1, gt=0, le=60)
     grace_seconds: float = Field(default=5.0, gt=0, le=3600)
     cdc_heartbeat_topic: str = "outbox.outbox.outbox_heartbeat"

@@ -12,8 +12,12 @@ from outbox.core.tables import OutboxTables
 
 __all__ = ["RelayStatements", "leader_lock_key"]
 
+# Everything the record needs as UTF-8 bytes already (bytea, read in binary): no decoding
+# to str and encoding back for every row.
 _ROW_COLUMNS = (
-    "id, aggregatetype, aggregateid, type, payload::text, headers::text, traceparent, position"
+    "id::text, aggregatetype, convert_to(aggregateid, 'UTF8'), convert_to(type, 'UTF8'), "
+    "convert_to(payload::text, 'UTF8'), convert_to(headers::text, 'UTF8'), "
+    "convert_to(traceparent, 'UTF8'), position"
 )
 
 
@@ -64,7 +68,7 @@ class RelayStatements:
 
     @property
     def delete(self) -> str:
-        return f"DELETE FROM {self.tables.qualified_outbox} WHERE id = ANY(%s)"
+        return f"DELETE FROM {self.tables.qualified_outbox} WHERE id = ANY(%s::uuid[])"
 
     @property
     def dead_letter(self) -> str:
@@ -74,7 +78,7 @@ class RelayStatements:
             "(id, aggregatetype, aggregateid, type, payload, headers, traceparent, position, "
             "created_at, reason) "
             "SELECT id, aggregatetype, aggregateid, type, payload, headers, traceparent, "
-            f"position, created_at, %s FROM {self.tables.qualified_outbox} WHERE id = %s "
+            f"position, created_at, %s FROM {self.tables.qualified_outbox} WHERE id = %s::uuid "
             "ON CONFLICT (id) DO UPDATE SET reason = EXCLUDED.reason, failed_at = clock_timestamp()"
         )
 

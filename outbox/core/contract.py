@@ -33,6 +33,7 @@ __all__ = [
     "ContractViolation",
     "ReceivedEvent",
     "event_id_of",
+    "headers_for",
     "parse_record",
     "record_for",
     "topic_for",
@@ -78,13 +79,27 @@ def record_for(
         topic=topic_for(aggregate_type),
         key=aggregate_id.encode(),
         value=payload_text.encode(),
-        headers=(
-            (HEADER_ID, str(event_id).encode()),
-            (HEADER_EVENT_TYPE, event_type.encode()),
-            (HEADER_TRACEPARENT, traceparent.encode() if traceparent else b""),
-            (HEADER_HEADERS, headers_text.encode()),
+        headers=tuple(
+            headers_for(
+                event_id=str(event_id).encode(),
+                event_type=event_type.encode(),
+                traceparent=traceparent.encode() if traceparent else b"",
+                headers=headers_text.encode(),
+            )
         ),
     )
+
+
+def headers_for(
+    *, event_id: bytes, event_type: bytes, traceparent: bytes, headers: bytes
+) -> list[tuple[str, bytes]]:
+    """The record's headers from the row's columns as UTF-8 bytes (the relay's fast path)."""
+    return [
+        (HEADER_ID, event_id),
+        (HEADER_EVENT_TYPE, event_type),
+        (HEADER_TRACEPARENT, traceparent),
+        (HEADER_HEADERS, headers),
+    ]
 
 
 def event_id_of(headers: Sequence[tuple[str, bytes | None]]) -> uuid.UUID:

@@ -1,0 +1,190 @@
+"""Polling relay throughput against a bare kafka-python producer, on the same broker.
+
+Prints, from one run on the native stack (PostgreSQL and the local broker; started if
+needed):
+
+1. events per second of the relay draining 100,000 small events already in the outbox
+   (read, publish with acks=all, wait for the acknowledgements, delete), and of a bare
+   kafka-python producer with the same settings sending the same records (already built in
+   memory: no database at all), and their ratio; the best of ``--rounds`` interleaved rounds;
+2. the relay's events per second while a transaction stays open the whole time (it holds
+   PostgreSQL's xmin: deleted rows cannot be vacuumed and the relay's floor cannot move),
+   and once it has ended.
+
+    python -m benchmarks.relay_throughput                 # about 2 minutes
+    python -m benchmarks.relay_throughput --events 20000 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import threading
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from kafka import KafkaProducer
+
+import migrations
+from outbox import Event, Outbox, OutboxSettings
+from outbox.core.contract import record_for
+from relay.service import Relay
+from relay.settings import RelaySettings
+from stack.local import LocalStack
+
+DATABASE = "outbox_bench_relay"
+
+
+def fill(conninfo: str, aggregate_type: str, events: int) -> None:
+    outbox = Outbox()
+    with psycopg.connect(conninfo) as connection:
+        for start in range(0, events, 5000):
+            with connection.transaction():
+                outbox.publish_many(
+                    connection,
+                    [
+                        Event(aggregate_type, str(n % 100), "Tick", {"n": n})
+                        for n in range(start, min(start + 5000, events))
+                    ],
+                )
+
+
+def records_of(conninfo: str, aggregate_type: str, topic_suffix: str) -> list[Any]:
+    with psycopg.connect(conninfo) as connection:
+        rows = connection.execute(
+            "SELECT id, aggregatetype, aggregateid, type, payload::text, headers::text, "
+            "traceparent FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
+            (aggregate_type,),
+        ).fetchall()
+    return [
+        record_for(
+            event_id=row[0],
+            aggregate_type=row[1] + topic_suffix,
+            aggregate_id=row[2],
+            event_type=row[3],
+            payload_text=row[4],
+            headers_text=row[5],
+            traceparent=row[6],
+        )
+        for row in rows
+    ]
+
+
+def bare_producer(bootstrap: str, records: list[Any], settings: RelaySettings) -> float:
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=settings.linger_ms,
+        batch_size=262_144,
+        max_request_size=settings.max_request_bytes,
+    )
+    producer.send(records[0].topic, key=b"warm-up", value=b"{}").get(timeout=30)
+    started = time.monotonic()
+    for record in records:
+        producer.send(
+            record.topic, key=record.key, value=record.value, headers=list(record.headers)
+        )
+    producer.flush()
+    elapsed = time.monotonic() - started
+    producer.close()
+    return len(records) / elapsed
+
+
+def relay_drain(
+    url: str, bootstrap: str, settings: RelaySettings, events: int, conninfo: str
+) -> float:
+    relay = Relay(
+        settings, database_url=url, bootstrap_servers=bootstrap, tables=OutboxSettings().tables
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,))
+    started = time.monotonic()
+    thread.start()
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        deadline = started + 600
+        while connection.execute("SELECT EXISTS (SELECT FROM outbox.outbox)").fetchone() != (
+            False,
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the relay did not drain the outbox in 10 minutes")
+            time.sleep(0.02)
+    elapsed = time.monotonic() - started
+    stop.set()
+    thread.join(timeout=60)
+    published = relay.metrics.registry.get_sample_value("outbox_relay_published_total") or 0
+    if published < events:
+        raise RuntimeError(f"the relay published {published:.0f} of {events} events")
+    return events / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Polling relay vs bare producer.")
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    arguments = parser.parse_args()
+
+    stack = LocalStack()
+    stack.postgres.up()
+    if stack.broker is not None:
+        stack.broker.up()
+    cluster = stack.postgres
+    cluster.drop_database(DATABASE)
+    cluster.ensure_database(DATABASE)
+    url = cluster.url(DATABASE)
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
+    engine.dispose()
+    conninfo = cluster.conninfo(DATABASE)
+    settings = RelaySettings(http_port=0)
+    bootstrap = stack.bootstrap_servers
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores; PostgreSQL 15 and "
+        f"{'an external Kafka' if stack.broker is None else 'Tansu 0.6'} on loopback; "
+        f"{arguments.events:,} events of ~60 bytes; relay batch {settings.batch_size}, "
+        f"linger {settings.linger_ms} ms, acks=all, idempotent"
+    )
+    relay_figures, bare_figures = [], []
+    for _ in range(arguments.rounds):
+        aggregate_type = f"b{uuid.uuid4().hex[:8]}"
+        fill(conninfo, aggregate_type, arguments.events)
+        records = records_of(conninfo, aggregate_type, "-bare")
+        bare_figures.append(bare_producer(bootstrap, records, settings))
+        relay_figures.append(relay_drain(url, bootstrap, settings, arguments.events, conninfo))
+    relay_best, bare_best = max(relay_figures), max(bare_figures)
+    print(
+        f"bare kafka-python producer : {bare_best:>9,.0f} events/s  (rounds: "
+        + ", ".join(f"{f:,.0f}" for f in bare_figures)
+        + ")"
+    )
+    print(
+        f"polling relay              : {relay_best:>9,.0f} events/s  (rounds: "
+        + ", ".join(f"{f:,.0f}" for f in relay_figures)
+        + ")"
+    )
+    print(f"ratio relay / bare         : {relay_best / bare_best:>9.2f}   target >= 0.9")
+
+    # A transaction open all along: xmin held back, deleted rows stay, the floor cannot move.
+    with psycopg.connect(conninfo) as holder:
+        holder.execute("BEGIN")
+        holder.execute("CREATE TEMP TABLE hold (x int)")
+        holder.execute("INSERT INTO hold VALUES (1)")  # takes an xid
+        fill(conninfo, f"h{uuid.uuid4().hex[:8]}", arguments.events)
+        held = relay_drain(url, bootstrap, settings, arguments.events, conninfo)
+        holder.execute("COMMIT")
+    fill(conninfo, f"a{uuid.uuid4().hex[:8]}", arguments.events)
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute("VACUUM outbox.outbox")
+    after = relay_drain(url, bootstrap, settings, arguments.events, conninfo)
+    print(f"relay, transaction held open: {held:>9,.0f} events/s")
+    print(f"relay, after it ended        : {after:>9,.0f} events/s")
+    cluster.drop_database(DATABASE)
+
+
+if __name__ == "__main__":
+    main()
