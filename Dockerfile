@@ -1,5 +1,6 @@
-# The project's own image: the `outbox` command (migrations, connector apply; later the relay
-# and the lake job). Runs as a non-root user.
+# The project's own image: the `outbox` command (migrations, connector apply, the polling relay;
+# later the lake job). Runs as a non-root user. The health check asks the relay's /healthz
+# (one-shot commands such as `db upgrade` exit before it first runs).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -13,5 +14,9 @@ COPY connect ./connect
 COPY relay ./relay
 RUN pip install '.[relay]' && useradd --system --uid 10001 --home /app outbox
 USER outbox
+ENV OUTBOX_RELAY_HTTP_HOST=0.0.0.0 OUTBOX_RELAY_HTTP_PORT=8090
+EXPOSE 8090
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["outbox", "relay", "health"]
 ENTRYPOINT ["outbox"]
 CMD ["--help"]

@@ -140,3 +140,27 @@ def cdc_role(
     with _database(database_url) as (connection, settings):
         migrations.create_cdc_role(connection, name, password, settings=settings)
     typer.echo(f"CDC role {name}: LOGIN REPLICATION, SELECT on {settings.tables.qualified_outbox}")
+
+
+@app.command("relay-role")
+def relay_role(
+    role: str = typer.Argument("outbox_relay", help="Role name (a plain identifier)."),
+    database_url: str | None = DATABASE_URL_OPTION,
+) -> None:
+    """Create or update the role the polling relay connects as: LOGIN, relay grants only.
+
+    Its password is OUTBOX_RELAY_DATABASE_PASSWORD (never printed). Run it as a role that
+    may create roles, after `outbox db upgrade`.
+    """
+    import migrations
+    from relay.settings import RelaySettings
+
+    password = load(RelaySettings).database_password.get_secret_value()
+    if not password:
+        typer.secho(
+            "set OUTBOX_RELAY_DATABASE_PASSWORD to the relay role's password", err=True, fg="red"
+        )
+        raise typer.Exit(2)
+    with _database(database_url) as (connection, settings):
+        migrations.create_relay_role(connection, role, password, settings=settings)
+    typer.echo(f"relay role {role}: LOGIN, read/delete on {settings.tables.qualified_outbox}")

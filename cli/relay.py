@@ -74,6 +74,30 @@ def run(
             server.stop()
 
 
+@app.command()
+def health(
+    path: str = typer.Option("/healthz", "--path", help="/healthz or /readyz."),
+) -> None:
+    """Exit 0 when the local relay answers PATH with 200 (the container's health check)."""
+    import urllib.error
+    import urllib.request
+
+    from relay.settings import RelaySettings
+
+    settings = load(RelaySettings)
+    if path not in {"/healthz", "/readyz"}:
+        typer.secho("--path: /healthz or /readyz", err=True, fg="red")
+        raise typer.Exit(2)
+    url = f"http://127.0.0.1:{settings.http_port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as answer:
+            ok = answer.status == 200
+    except (urllib.error.URLError, OSError):
+        ok = False
+    typer.echo("ok" if ok else "not ok")
+    raise typer.Exit(0 if ok else 1)
+
+
 @dead_letters_app.command("list")
 def list_command(
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),

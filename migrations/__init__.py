@@ -31,6 +31,7 @@ from outbox.settings import OutboxSettings
 __all__ = [
     "VERSION_TABLE",
     "create_cdc_role",
+    "create_relay_role",
     "current",
     "downgrade",
     "grant_consumer",
@@ -96,26 +97,21 @@ def grant_publisher(
         connection.execute(text(statement))
 
 
-def create_cdc_role(
-    connection: Connection, role: str, password: str, *, settings: OutboxSettings | None = None
+def _ensure_login_role(
+    connection: Connection, role: str, password: str, *, replication: bool, variable: str
 ) -> None:
-    """Create or update ``role`` for Debezium: LOGIN REPLICATION, and SELECT on the outbox.
-
-    Nothing else: it reads the outbox table through the publication the migrations made
-    (never creates one), and cannot write anything. Running it again resets the password.
-    """
-    tables = (settings if settings is not None else OutboxSettings()).tables
-    grantee = quote_identifier(role, field="role")
+    """Create ``role`` (or reset its password): LOGIN, and REPLICATION when asked."""
     if not password:
-        raise ValueError("the CDC role needs a password: set OUTBOX_CONNECT_DATABASE_PASSWORD")
+        raise ValueError(f"the role {role} needs a password: set {variable}")
     exists = connection.execute(
         text("SELECT 1 FROM pg_roles WHERE rolname = :role"), {"role": role}
     ).first()
     verb = "ALTER" if exists else "CREATE"
+    options = "LOGIN REPLICATION" if replication else "LOGIN NOREPLICATION"
     # Utility statements take no bind parameters: the server quotes the password (%L).
     statement = connection.execute(
         text(
-            f"SELECT format('{verb} ROLE %I WITH LOGIN REPLICATION PASSWORD %L', "
+            f"SELECT format('{verb} ROLE %I WITH {options} PASSWORD %L', "
             "CAST(:role AS text), CAST(:pw AS text))"
         ),
         {"role": role, "pw": password},
@@ -128,14 +124,44 @@ def create_cdc_role(
         ),
         {"role": role},
     ).scalar_one()
+    connection.execute(text(connect))
+
+
+def create_cdc_role(
+    connection: Connection, role: str, password: str, *, settings: OutboxSettings | None = None
+) -> None:
+    """Create or update ``role`` for Debezium: LOGIN REPLICATION, and SELECT on the outbox.
+
+    Nothing else: it reads the outbox table through the publication the migrations made
+    (never creates one), and cannot write anything. Running it again resets the password.
+    """
+    tables = (settings if settings is not None else OutboxSettings()).tables
+    grantee = quote_identifier(role, field="role")
+    _ensure_login_role(
+        connection,
+        role,
+        password,
+        replication=True,
+        variable="OUTBOX_CONNECT_DATABASE_PASSWORD",
+    )
     for grant in (
-        connect,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
         f"GRANT SELECT ON {tables.qualified_outbox} TO {grantee}",
         # Its heartbeat: insert a beat, delete old ones (see connect/outbox-connector.json).
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_heartbeat} TO {grantee}",
     ):
         connection.execute(text(grant))
+
+
+def create_relay_role(
+    connection: Connection, role: str, password: str, *, settings: OutboxSettings | None = None
+) -> None:
+    """Create or update ``role`` for the polling relay: LOGIN, and :func:`grant_relay` only."""
+    quote_identifier(role, field="role")
+    _ensure_login_role(
+        connection, role, password, replication=False, variable="OUTBOX_RELAY_DATABASE_PASSWORD"
+    )
+    grant_relay(connection, role, settings=settings)
 
 
 def grant_consumer(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["RelayMode", "RelaySettings"]
@@ -39,6 +39,7 @@ class RelaySettings(BaseSettings):
     ``OUTBOX_RELAY_LINGER_MS``, ``OUTBOX_RELAY_DELIVERY_TIMEOUT_SECONDS`` (a batch not
     acknowledged by then is retried), ``OUTBOX_RELAY_RETRY_BACKOFF_SECONDS`` (first pause after a
     failure, doubled up to ``OUTBOX_RELAY_MAX_BACKOFF_SECONDS``).
+    ``OUTBOX_RELAY_DATABASE_PASSWORD``: the password ``outbox db relay-role`` sets.
     """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOX_RELAY_", extra="ignore", frozen=True)
@@ -56,6 +57,8 @@ class RelaySettings(BaseSettings):
     delivery_timeout_seconds: float = Field(default=30.0, ge=3, le=3600)
     retry_backoff_seconds: float = Field(default=0.5, gt=0, le=60)
     max_backoff_seconds: float = Field(default=10.0, gt=0, le=600)
+    database_password: SecretStr = SecretStr("")
+    """Only for ``outbox db relay-role``: the password it gives the relay's role."""
 
     @field_validator("cdc_heartbeat_topic")
     @classmethod

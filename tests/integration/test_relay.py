@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 import psycopg
+import pytest
 
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
@@ -303,3 +304,45 @@ def test_a_standby_takes_over_and_order_holds_with_two_relays(relay_bench: Relay
         )
     assert handover < 10
     assert standby.terminate() == 0
+
+
+def test_the_relay_runs_with_its_least_privileged_role(relay_bench: RelayBench) -> None:
+    role = f"relay_{uuid.uuid4().hex[:8]}"
+    env = {
+        "OUTBOX_DATABASE_URL": relay_bench.database.url,
+        "OUTBOX_RELAY_DATABASE_PASSWORD": "relay-secret-42",
+    }
+    created = run_outbox("db", "relay-role", role, env=env)
+    assert created.returncode == 0, created.stderr
+    assert "relay-secret-42" not in created.stdout + created.stderr
+    cluster = relay_bench.database.cluster
+    url = (
+        f"postgresql+psycopg://{role}:relay-secret-42@127.0.0.1:{cluster.port}/"
+        f"{relay_bench.database.name}"
+    )
+    aggregate_type = fresh_type()
+    with relay_bench.database.connect() as connection:
+        expected = write(connection, aggregate_type, "1", range(50))
+    relay = relay_bench.process(OUTBOX_DATABASE_URL=url)
+    wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="relayed by the role")
+    assert (
+        run_outbox("relay", "health", env={"OUTBOX_RELAY_HTTP_PORT": str(relay.port)}).returncode
+        == 0
+    )
+    records = read_until(
+        relay_bench.kafka.bootstrap_servers, topic_for(aggregate_type), lambda r: len(r) >= 50
+    )
+    assert set(ids_of(records)) == set(expected)
+    assert relay.terminate() == 0
+    as_role = psycopg.conninfo.make_conninfo(
+        relay_bench.database.conninfo, user=role, password="relay-secret-42"
+    )
+    for forbidden in (
+        "UPDATE outbox.outbox SET type = 'x'",
+        "SELECT * FROM outbox.outbox_inbox",
+        "CREATE TABLE outbox.sneaky (x int)",
+        "TRUNCATE outbox.outbox",
+    ):
+        with psycopg.connect(as_role) as connection:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                connection.execute(forbidden)

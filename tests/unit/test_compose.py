@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from connect.settings import ConnectorSettings
+from relay.settings import RelaySettings
 from stack.artifacts import CONNECT_WHEEL
 from stack.connect import CONNECT_GROUP, ConnectWorker
 from stack.settings import StackSettings
@@ -26,7 +27,7 @@ def host_port(service: str) -> int:
 
 
 def test_the_pipeline_services_are_there() -> None:
-    assert {"postgres", "kafka", "connect", "migrate", "connector"} <= set(SERVICES)
+    assert {"postgres", "kafka", "connect", "migrate", "connector", "relay"} <= set(SERVICES)
     assert SERVICES["connector"]["command"] == ["connect", "apply"]
     assert SERVICES["connector"]["depends_on"]["migrate"]["condition"] == (
         "service_completed_successfully"
@@ -65,9 +66,36 @@ def test_connect_worker_settings_match() -> None:
     assert "OUTBOX_CONNECT_DATABASE_PASSWORD" in environment, "the connector's ${env:...} secret"
 
 
+def test_the_relay_service_matches_its_settings() -> None:
+    relay = SERVICES["relay"]
+    assert relay["command"] == ["relay", "run"]
+    environment = relay["environment"]
+    known = {f"OUTBOX_RELAY_{name.upper()}" for name in RelaySettings.model_fields}
+    known |= {"OUTBOX_DATABASE_URL", "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"}
+    assert set(environment) <= known, set(environment) - known
+    settings = RelaySettings(
+        **{  # the values validate
+            name.removeprefix("OUTBOX_RELAY_").lower(): value
+            for name, value in environment.items()
+            if name.startswith("OUTBOX_RELAY_")
+        }
+    )
+    assert settings.mode.value == "auto"
+    assert relay["ports"] == [f"127.0.0.1:58090:{settings.http_port}"]
+    assert environment["OUTBOX_DATABASE_URL"].startswith("postgresql+psycopg://outbox_relay:")
+    assert environment["OUTBOX_RELAY_CDC_HEARTBEAT_TOPIC"] == (
+        f"{ConnectorSettings().topic_prefix}.outbox.outbox_heartbeat"
+    )
+    assert relay["healthcheck"]["test"] == ["CMD", "outbox", "relay", "health"]
+    assert "relay-role" in " ".join(SERVICES["migrate"]["entrypoint"])
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "USER outbox" in dockerfile and "HEALTHCHECK" in dockerfile
+
+
 def test_outbox_variables_are_real_settings() -> None:
     known = {f"OUTBOX_CONNECT_{name.upper()}" for name in ConnectorSettings.model_fields}
-    known.add("OUTBOX_DATABASE_URL")
+    known |= {"OUTBOX_DATABASE_URL"}
+    known |= {f"OUTBOX_RELAY_{name.upper()}" for name in RelaySettings.model_fields}
     for service in ("migrate", "connector"):
         names = set(SERVICES[service]["environment"])
         assert names <= known, names - known
