@@ -1,0 +1,70 @@
+"""Settings of the lake job and queries, from ``OUTBOX_LAKE_*`` environment variables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["LakeSettings"]
+
+
+class LakeSettings(BaseSettings):
+    """Where the lake lives and how the ingest job reads.
+
+    ``OUTBOX_LAKE_ROOT``: folder (or object-store URI) of the Delta tables; checkpoints live
+    beside them in ``_checkpoints``. ``OUTBOX_LAKE_TOPIC_PATTERN``: regex of the topics to
+    ingest (new matching topics are picked up without a restart).
+    ``OUTBOX_LAKE_MAX_RECORDS_PER_BATCH``: admission control. ``OUTBOX_LAKE_TRIGGER_SECONDS``:
+    micro-batch interval. ``OUTBOX_LAKE_FAIL_ON_DATA_LOSS``: stop when records were deleted by
+    retention before they were ingested (``false``: skip them, logged).
+    ``OUTBOX_LAKE_SPARK_MASTER``: ``local[2]`` by default, any Spark master URL.
+    ``OUTBOX_LAKE_END_OFFSETS``: ``scan`` (find where each partition ends by reading: works
+    on every broker, including the local one) or ``broker`` (trust the broker's end offsets:
+    right for Apache Kafka, and cheaper).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOX_LAKE_", extra="ignore", frozen=True)
+
+    root: str = ".lake"
+    topic_pattern: str = r"^outbox\.event\..+"
+    max_records_per_batch: int = Field(default=20_000, ge=1, le=10_000_000)
+    trigger_seconds: float = Field(default=1.0, gt=0, le=3600)
+    fail_on_data_loss: bool = True
+    spark_master: str = "local[2]"
+    query_name: str = "outbox-lake-ingest"
+    end_offsets: Literal["scan", "broker"] = "scan"
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as error:
+            raise ValueError(
+                f"not a regular expression ({error}): e.g. ^outbox\\.event\\..+"
+            ) from None
+        return value
+
+    @field_validator("query_name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", value):
+            raise ValueError("letters, digits, '.', '_' and '-' only, e.g. outbox-lake-ingest")
+        return value
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.root
+
+    def table_uri(self, name: str) -> str:
+        if self.is_local:
+            return str(Path(self.root).resolve() / name)
+        return f"{self.root.rstrip('/')}/{name}"
+
+    @property
+    def checkpoint(self) -> str:
+        return self.table_uri(f"_checkpoints/{self.query_name}")
