@@ -28,7 +28,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy outbox cli stack migrations connect relay examples
+	$(BIN)/mypy outbox cli stack migrations connect relay lake examples
 
 ## bench: the SDK benchmark (prints figures and ratios)
 bench: $(STAMP)

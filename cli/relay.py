@@ -19,7 +19,8 @@ dead_letters_app = typer.Typer(
 app.add_typer(dead_letters_app, name="dead-letters")
 
 
-def _bootstrap_servers() -> str:
+def bootstrap_servers() -> str:
+    """OUTBOX_KAFKA_BOOTSTRAP_SERVERS, else the local stack's broker."""
     from outbox.settings import KafkaSettings
     from stack.settings import StackSettings
 
@@ -53,7 +54,7 @@ def run(
     relay = Relay(
         settings,
         database_url=database_url,
-        bootstrap_servers=_bootstrap_servers(),
+        bootstrap_servers=bootstrap_servers(),
         tables=tables,
     )
     stop = threading.Event()

@@ -105,7 +105,7 @@ def _cell(value: Any) -> Any:
 
 
 def _compatible(new: pa.DataType, existing: pa.DataType) -> bool:
-    return new == existing or (pa.types.is_integer(new) and pa.types.is_floating(existing))
+    return bool(new == existing or (pa.types.is_integer(new) and pa.types.is_floating(existing)))
 
 
 class DeltaSink:
@@ -127,7 +127,7 @@ class DeltaSink:
         if table is None:
             return False
         version = table.transaction_version(self._app_id(name))
-        return version is not None and version >= batch_id
+        return version is not None and int(version) >= batch_id
 
     def _commit(self, name: str, batch_id: int) -> CommitProperties:
         return CommitProperties(app_transactions=[Transaction(self._app_id(name), batch_id)])

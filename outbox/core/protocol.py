@@ -80,7 +80,7 @@ def _rows(events: Sequence[Event], max_payload_bytes: int) -> list[EventRow]:
             event.event_type,
             encode_json(event.payload, max_bytes=max_payload_bytes),
             encode_json(dict(event.headers), root="headers") if event.headers else "{}",
-            event.traceparent,
+            event.traceparent or "",  # '' is "none": the column is NOT NULL (outbox_0003)
             event.dedup_key,
         )
         for event in events

@@ -1,0 +1,63 @@
+"""``outbox lake``: the ingest job, and the analysts' queries."""
+
+from __future__ import annotations
+
+import typer
+
+from cli._common import load
+
+app = typer.Typer(
+    help="The lake: ingest outbox topics into Delta tables; query them.", no_args_is_help=True
+)
+
+
+@app.command()
+def ingest(
+    available_now: bool = typer.Option(
+        False, "--available-now", help="Ingest what is on Kafka now, then stop."
+    ),
+) -> None:
+    """Run the Spark ingest job (continuous unless --available-now).
+
+    Settings: OUTBOX_LAKE_* (root, topic pattern, batch limit, trigger, Spark master) and
+    OUTBOX_KAFKA_BOOTSTRAP_SERVERS.
+    """
+    from cli.relay import bootstrap_servers
+    from lake.job import run_ingest
+    from lake.settings import LakeSettings
+    from relay.logs import configure_json_logging
+
+    settings = load(LakeSettings)
+    configure_json_logging("INFO")
+    run_ingest(settings, bootstrap_servers(), available_now=available_now)
+
+
+@app.command()
+def tables() -> None:
+    """List the lake's tables with row counts, versions and last update."""
+    from lake.query import list_tables
+    from lake.settings import LakeSettings
+
+    for table in list_tables(load(LakeSettings)):
+        updated = table.last_update.isoformat(timespec="seconds") if table.last_update else "-"
+        typer.echo(f"{table.name:<40} {table.rows:>12,} rows  v{table.version:<6} {updated}")
+
+
+@app.command()
+def query(
+    sql: str = typer.Argument(..., help="SQL over events, quarantine, aggregate_<type>."),
+) -> None:
+    """Run SQL over the lake tables (DuckDB over Arrow; no Spark), print a table."""
+    import duckdb
+
+    from lake.query import run_sql
+    from lake.settings import LakeSettings
+
+    try:
+        columns, rows = run_sql(load(LakeSettings), sql)
+    except duckdb.Error as error:
+        typer.secho(f"query error: {error}", err=True, fg="red")
+        raise typer.Exit(2) from None
+    typer.echo("\t".join(columns))
+    for row in rows:
+        typer.echo("\t".join("" if value is None else str(value) for value in row))
