@@ -219,10 +219,8 @@ class DeltaSink:
             return []
         existing: dict[str, pa.DataType] = {}
         if table is not None:
-            existing = {
-                field.name: field.type
-                for field in table.schema().to_arrow()  # type: ignore[attr-defined]
-            }
+            # deltalake answers with arro3 types: through the C interface into pyarrow's.
+            existing = {field.name: field.type for field in pa.schema(table.schema().to_arrow())}
         columns: dict[str, pa.DataType] = {}
         accepted: list[dict[str, Any]] = []
         rejected: list[dict[str, Any]] = []

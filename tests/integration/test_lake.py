@@ -1,0 +1,199 @@
+"""The lake job end to end on the native stack: SDK → relay → Kafka → Spark → Delta, read back
+with an independent reader (``deltalake``), never with Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+from kafka import KafkaProducer
+
+from outbox import Event, Outbox
+from outbox.core.contract import event_id_of, topic_for
+from tests.cli import run_outbox
+from tests.fix_postgres import ROOT
+from tests.fix_relay import RelayBench, wait_until
+from tests.kafka_read import read_until
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def lake_env(root: Path, prefix: str, bench: RelayBench, **extra: str) -> dict[str, str]:
+    return {
+        "OUTBOX_LAKE_ROOT": str(root),
+        "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{prefix}.*",
+        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bench.kafka.bootstrap_servers,
+        "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
+        **extra,
+    }
+
+
+def ingest_available_now(env: dict[str, str]) -> None:
+    done = run_outbox("lake", "ingest", "--available-now", env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def rows(root: Path, table: str) -> list[dict[str, Any]]:
+    return DeltaTable(str(root / table)).to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
+
+
+def publish(bench: RelayBench, events: list[Event]) -> None:
+    with bench.database.connect() as connection, connection.transaction():
+        Outbox().publish_many(connection, events)
+
+
+def relay_all(bench: RelayBench) -> None:
+    with bench.in_thread():
+        wait_until(lambda: bench.undelivered() == 0, timeout=120, what="relayed")
+
+
+def test_events_land_exactly_once_with_typed_tables_and_quarantine(
+    relay_bench: RelayBench, tmp_path: Path
+) -> None:
+    prefix = f"l{uuid.uuid4().hex[:8]}"
+    order, payment = f"{prefix}order", f"{prefix}payment"
+    committed = [
+        Event(
+            order, str(n % 4), "OrderPlaced", {"total": n * 1.5, "customer": f"c{n}", "lines": [n]}
+        )
+        for n in range(20)
+    ] + [Event(payment, str(n), "PaymentTaken", {"amount": n}) for n in range(5)]
+    publish(relay_bench, committed)
+    with relay_bench.database.connect() as connection:
+        with connection.transaction():
+            Outbox().publish(connection, Event(order, "ghost", "OrderPlaced", {"total": 1.0}))
+            raise psycopg.Rollback
+    relay_all(relay_bench)
+    producer = KafkaProducer(bootstrap_servers=relay_bench.kafka.bootstrap_servers)
+    producer.send(topic_for(order), key=b"9", value=b"{not json", headers=[("eventType", b"X")])
+    producer.flush()
+    root = tmp_path / "lake"
+    env = lake_env(root, prefix, relay_bench)
+    ingest_available_now(env)
+
+    events = rows(root, "events")
+    assert sorted(row["event_id"] for row in events) == sorted(str(e.event_id) for e in committed)
+    assert not any(row["aggregate_id"] == "ghost" for row in events)
+    first = next(row for row in events if row["event_id"] == str(committed[0].event_id))
+    assert json.loads(first["payload"]) == {"total": 0.0, "customer": "c0", "lines": [0]}
+    assert first["topic"] == topic_for(order) and first["event_date"] is not None
+    typed = rows(root, f"aggregate_{order}")
+    assert len(typed) == 20 and {"total", "customer", "lines"} <= set(typed[0])
+    assert len(rows(root, f"aggregate_{payment}")) == 5
+    (poison,) = rows(root, "quarantine")
+    assert poison["value"] == b"{not json" and "no 'id' header" in poison["reason"]
+
+    # The same records again through another path, a new field, and a type that changes.
+    records: list[Any] = read_until(
+        relay_bench.kafka.bootstrap_servers, topic_for(order), lambda r: len(r) >= 21
+    )
+    for record in records:
+        producer.send(record.topic, key=record.key, value=record.value, headers=record.headers)
+    producer.flush()
+    producer.close()
+    later = [
+        Event(order, "1", "OrderPlaced", {"total": 3.0, "customer": "c", "coupon": "XMAS"}),
+        Event(order, "2", "OrderPlaced", {"total": "lots", "customer": "c"}),
+    ]
+    publish(relay_bench, later)
+    relay_all(relay_bench)
+    ingest_available_now(env)
+
+    events = rows(root, "events")
+    expected = {str(e.event_id) for e in committed + later}
+    assert len(events) == len(expected) and {row["event_id"] for row in events} == expected
+    typed = rows(root, f"aggregate_{order}")
+    assert len(typed) == 21  # the new field's event; the changed type's is in quarantine
+    assert (
+        next(row for row in typed if row["event_id"] == str(later[0].event_id))["coupon"] == "XMAS"
+    )
+    assert all(row["coupon"] is None for row in typed if row["event_id"] != str(later[0].event_id))
+    quarantined = {row["event_id"]: row["reason"] for row in rows(root, "quarantine")}
+    assert "'total' is string here but double" in quarantined[str(later[1].event_id)]
+    # The poison record's copy is another Kafka record (new offset): quarantined too, once.
+    coordinates = [(r["topic"], r["partition"], r["offset"]) for r in rows(root, "quarantine")]
+    assert len(coordinates) == len(set(coordinates)) == 3
+
+    listed = run_outbox("lake", "tables", env=env)
+    assert listed.returncode == 0 and "events" in listed.stdout, listed.stderr
+    answer = run_outbox(
+        "lake", "query", "SELECT count(*) FROM events WHERE event_type = 'OrderPlaced'", env=env
+    )
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.splitlines()[1] == "22"
+    bad = run_outbox("lake", "query", "SELECT nope FROM events", env=env)
+    assert bad.returncode == 2 and "query error" in bad.stderr
+
+
+def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_found(
+    relay_bench: RelayBench, tmp_path: Path
+) -> None:
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    first_type, later_type = f"{prefix}a", f"{prefix}b"
+    backlog = [Event(first_type, str(n % 50), "Tick", {"n": n}) for n in range(20_000)]
+    for start in range(0, len(backlog), 5000):
+        publish(relay_bench, backlog[start : start + 5000])
+    relay_all(relay_bench)
+    root = tmp_path / "lake"
+    env = lake_env(root, prefix, relay_bench, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="2000")
+    log = (tmp_path / "ingest.log").open("wb")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "lake", "ingest"],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # the driver and its JVM: killed together
+    )
+    try:
+        events_table = root / "events" / "_delta_log"
+        wait_until(
+            lambda: len(list(events_table.glob("*.json"))) >= 2 if events_table.exists() else False,
+            timeout=240,
+            what="the job commits a few batches",
+        )
+        os.killpg(job.pid, signal.SIGKILL)  # the driver dies, mid-batch or between two
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        log.close()
+    landed = len(rows(root, "events"))
+    assert 0 < landed < len(backlog), "killed too late (or too early) to prove anything"
+
+    # Restarted, continuous: it resumes, and finds a topic created after it started.
+    job = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "lake", "ingest"],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        stdout=(tmp_path / "ingest2.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_until(
+            lambda: len(rows(root, "events")) >= len(backlog), timeout=300, what="backlog done"
+        )
+        newcomers = [Event(later_type, "1", "Tock", {"m": m}) for m in range(10)]
+        publish(relay_bench, newcomers)
+        relay_all(relay_bench)
+        wait_until(
+            lambda: len(rows(root, "events")) >= len(backlog) + 10,
+            timeout=120,
+            what="the new topic's events land",
+        )
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    events = rows(root, "events")
+    ids = [row["event_id"] for row in events]
+    assert len(ids) == len(set(ids)) == len(backlog) + 10
+    assert set(ids) == {str(e.event_id) for e in backlog + newcomers}
+    assert {event_id_of([("id", i.encode())]) for i in ids}  # every id is a UUID
