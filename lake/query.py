@@ -68,8 +68,10 @@ def list_tables(settings: LakeSettings) -> list[TableInfo]:
     return tables
 
 
-def run_sql(settings: LakeSettings, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run ``sql`` over the lake's tables; column names and rows."""
+def run_sql(
+    settings: LakeSettings, sql: str, params: list[Any] | None = None
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run ``sql`` (``?`` placeholders for ``params``) over the lake's tables."""
     import duckdb
 
     connection = duckdb.connect()
@@ -78,7 +80,7 @@ def run_sql(settings: LakeSettings, sql: str) -> tuple[list[str], list[tuple[Any
             table = _open(settings, name)
             if table is not None:
                 connection.register(name, table.to_pyarrow_dataset())
-        result = connection.execute(sql)
+        result = connection.execute(sql, params)
         columns = [column[0] for column in result.description or []]
         return columns, result.fetchall()
     finally:

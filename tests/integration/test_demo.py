@@ -1,4 +1,4 @@
-"""The README's main job, `outbox demo`, on a cluster of its own."""
+"""The README's main job, `outbox demo`: the whole pipeline on a stack of its own."""
 
 from __future__ import annotations
 
@@ -10,30 +10,48 @@ from pathlib import Path
 import pytest
 
 from stack import PostgresCluster, StackSettings
+from stack.local import LocalStack
 from tests.cli import run_outbox
-from tests.fix_postgres import free_port
+from tests.fix_postgres import ROOT, free_port
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(480)
 
 
-def test_demo_places_orders_and_shows_the_outbox() -> None:
+def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
+    """A stack of its own (Postgres, broker, Connect on free ports), the order service, CDC,
+    Spark into the lake, and the report: what the lake says equals what was committed."""
     folder = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
     folder.chmod(0o755)
-    port = free_port()
+    settings = StackSettings(
+        dir=folder,
+        postgres_port=free_port(),
+        broker_port=free_port(),
+        connect_port=free_port(),
+        downloads=ROOT / ".cache" / "stack",
+    )
     env = {
         "OUTBOX_STACK_DIR": str(folder),
-        "OUTBOX_STACK_POSTGRES_PORT": str(port),
+        "OUTBOX_STACK_DOWNLOADS": str(settings.downloads),
+        "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
+        "OUTBOX_STACK_BROKER_PORT": str(settings.broker_port),
+        "OUTBOX_STACK_CONNECT_PORT": str(settings.connect_port),
+        "OUTBOX_LAKE_ROOT": str(folder / "lake"),
         "COLUMNS": "120",
     }
     try:
-        result = run_outbox("demo", "--orders", "20", env=env, timeout=200)
-        assert result.returncode == 0, result.stderr
+        result = run_outbox("demo", "--orders", "20", env=env, timeout=450)
+        assert result.returncode == 0, result.stderr[-3000:]
         summary = re.search(r"placed (\d+), paid (\d+), rejected (\d+)", result.stdout)
         assert summary is not None, result.stdout
         placed, paid, rejected = (int(group) for group in summary.groups())
         assert placed + rejected == 20 and rejected == 2
-        events = dict(re.findall(r"│ order\s+│ (\w+)\s+│ (\d+)", result.stdout))
+        assert f"all {placed + paid} events on outbox.event.order" in result.stdout
+        events = dict(re.findall(r"│ (Order\w+)\s+│ (\d+)", result.stdout))
         assert events == {"OrderPlaced": str(placed), "OrderPaid": str(paid)}
+        statuses = dict(re.findall(r"│ (paid|placed)\s+│ (\d+)", result.stdout))
+        assert statuses == {"paid": str(paid), "placed": str(placed - paid)}
+        assert re.search(r"commit-to-queryable latency .* p50 [\d.]+ s", result.stdout)
     finally:
-        PostgresCluster(StackSettings(dir=folder, postgres_port=port)).destroy()
+        LocalStack(settings).down()
+        PostgresCluster(settings).destroy()
         shutil.rmtree(folder, ignore_errors=True)
