@@ -61,3 +61,20 @@ def query(
     typer.echo("\t".join(columns))
     for row in rows:
         typer.echo("\t".join("" if value is None else str(value) for value in row))
+
+
+@app.command()
+def maintain(
+    retention_hours: int = typer.Option(
+        168, "--retention-hours", min=0, help="Vacuum files removed longer ago than this."
+    ),
+) -> None:
+    """Compact small files, vacuum old ones, in every table (safe beside a running ingest)."""
+    from lake.maintenance import maintain as run_maintenance
+    from lake.settings import LakeSettings
+
+    for report in run_maintenance(load(LakeSettings), retention_hours=retention_hours):
+        typer.echo(
+            f"{report.table:<40} compacted {report.files_removed} files into "
+            f"{report.files_added}; vacuumed {report.vacuumed}"
+        )

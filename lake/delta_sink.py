@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from lake.settings import LakeSettings
 
@@ -40,6 +40,7 @@ log = logging.getLogger("outbox.lake.sink")
 EVENTS = "events"
 QUARANTINE = "quarantine"
 _TYPED_PREFIX = "aggregate_"
+_COMMIT_ATTEMPTS = 5
 
 EVENTS_SCHEMA = pa.schema(
     [
@@ -154,7 +155,23 @@ class DeltaSink:
     def write(
         self, batch_id: int, *, events: pa.Table | None, quarantined: pa.Table | None
     ) -> None:
-        """Commit one parsed batch to every table it concerns (each at most once)."""
+        """Commit one parsed batch to every table it concerns (each at most once).
+
+        A commit that loses a race (``outbox lake maintain`` compacting the same table) is
+        retried: each table's application transaction makes the retry skip what landed.
+        """
+        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+            try:
+                self._write_once(batch_id, events=events, quarantined=quarantined)
+                return
+            except CommitFailedError as conflict:
+                if attempt == _COMMIT_ATTEMPTS:
+                    raise
+                log.warning("batch %d: commit conflict, retrying: %s", batch_id, conflict)
+
+    def _write_once(
+        self, batch_id: int, *, events: pa.Table | None, quarantined: pa.Table | None
+    ) -> None:
         extra_quarantine: list[dict[str, Any]] = []
         if events is not None and events.num_rows:
             events = events.sort_by(

@@ -17,7 +17,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from lake.settings import LakeSettings
 
-__all__ = ["TableInfo", "list_tables", "run_sql"]
+__all__ = ["TableInfo", "list_tables", "run_sql", "table_names"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class TableInfo:
     last_update: datetime | None
 
 
-def _table_names(settings: LakeSettings) -> list[str]:
+def table_names(settings: LakeSettings) -> list[str]:
     if not settings.is_local:
         raise ValueError("listing tables needs a local OUTBOX_LAKE_ROOT; name them in the SQL")
     root = Path(settings.root)
@@ -50,7 +50,7 @@ def _open(settings: LakeSettings, name: str) -> DeltaTable | None:
 
 def list_tables(settings: LakeSettings) -> list[TableInfo]:
     tables = []
-    for name in _table_names(settings):
+    for name in table_names(settings):
         table = _open(settings, name)
         if table is None:
             continue
@@ -76,7 +76,7 @@ def run_sql(
 
     connection = duckdb.connect()
     try:
-        for name in _table_names(settings):
+        for name in table_names(settings):
             table = _open(settings, name)
             if table is not None:
                 connection.register(name, table.to_pyarrow_dataset())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,6 +133,13 @@ def test_events_land_exactly_once_with_typed_tables_and_quarantine(
     assert answer.stdout.splitlines()[1] == "22"
     bad = run_outbox("lake", "query", "SELECT nope FROM events", env=env)
     assert bad.returncode == 2 and "query error" in bad.stderr
+
+    before = {row["event_id"] for row in rows(root, "events")}
+    maintained = run_outbox("lake", "maintain", env=env)
+    assert maintained.returncode == 0, maintained.stderr
+    compacted = re.search(r"^events\s+compacted (\d+) files into (\d+)", maintained.stdout, re.M)
+    assert compacted is not None and int(compacted[1]) > int(compacted[2]), maintained.stdout
+    assert {row["event_id"] for row in rows(root, "events")} == before
 
 
 def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_found(
