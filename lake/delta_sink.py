@@ -141,15 +141,20 @@ class DeltaSink:
 
         from lake.records import PARSED_SCHEMA, parse_batch
 
-        parsed = frame.mapInArrow(parse_batch, PARSED_SCHEMA).withColumn(
-            "ingest_time", f.current_timestamp()
+        parsed = (
+            frame.mapInArrow(parse_batch, PARSED_SCHEMA)
+            .withColumn("ingest_time", f.current_timestamp())
+            .persist()  # Kafka is read and parsed once per batch, not once per output
         )
-        events = parsed.where("kind = 'event'").dropDuplicates(["event_id"])
-        quarantined = parsed.where("kind = 'quarantine'")
+        try:
+            events = parsed.where("kind = 'event'").dropDuplicates(["event_id"]).toArrow()
+            quarantined = parsed.where("kind = 'quarantine'").toArrow()
+        finally:
+            parsed.unpersist()
         self.write(
             batch_id,
-            events=events.toArrow() if not events.isEmpty() else None,
-            quarantined=quarantined.toArrow() if not quarantined.isEmpty() else None,
+            events=events if events.num_rows else None,
+            quarantined=quarantined if quarantined.num_rows else None,
         )
 
     def write(

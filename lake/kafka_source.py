@@ -182,7 +182,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
         found: dict[Any, int] = {}
         seen = 0
         while budget is None or seen < budget:
-            batches = client.poll(timeout_ms=300, max_records=5000)
+            batches = client.poll(timeout_ms=150, max_records=5000)
             if not batches:
                 break
             for tp, records in batches.items():

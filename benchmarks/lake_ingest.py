@@ -1,0 +1,300 @@
+"""Lake ingest: dedup cost, table-size sensitivity, and commit-to-queryable latency.
+
+Prints, from one run on the native stack (PostgreSQL and the local broker, started if
+needed; Spark in local mode):
+
+1. ingest events per second over ``--events`` (100,000) events already on Kafka, through the
+   job with its dedup (insert-only merge per day partition) and with a plain append of the
+   same records, and the ratio of their times (target: dedup <= 1.5x append);
+2. the time of one batch of 10,000 new events written by the sink when ``events`` holds
+   100,000 rows and when it holds 1,000,000 (spread over 30 days, the batch in today's
+   partition), and their ratio (target <= 1.2);
+3. commit-to-queryable latency p50/p95 at a steady 500 events/s for ``--seconds`` with the
+   default trigger: from the SDK commit to the event being readable from the lake with
+   ``deltalake`` (target p95 < 10 s). Events reach Kafka through the polling relay.
+
+    python -m benchmarks.lake_ingest                     # about 6 minutes
+    python -m benchmarks.lake_ingest --events 20000 --big-rows 200000 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import sqlalchemy as sa
+from deltalake import DeltaTable, write_deltalake
+from kafka import KafkaProducer
+
+import migrations
+from lake.delta_sink import EVENTS_SCHEMA, DeltaSink
+from lake.job import run_ingest, spark_session
+from lake.settings import LakeSettings
+from outbox import Event, Outbox, OutboxSettings, new_event_id
+from outbox.core.contract import record_for
+from relay.service import Relay
+from relay.settings import RelaySettings
+from stack.local import LocalStack
+
+DATABASE = "outbox_bench_lake"
+
+
+def produce(bootstrap: str, aggregate_type: str, events: int) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=262_144)
+    for n in range(events):
+        record = record_for(
+            event_id=new_event_id(),
+            aggregate_type=aggregate_type,
+            aggregate_id=str(n % 500),
+            event_type="Tick",
+            payload_text=f'{{"n": {n}, "name": "item-{n % 97}", "price": {n % 1000}.5}}',
+            headers_text="{}",
+            traceparent="",
+        )
+        producer.send(
+            record.topic, key=record.key, value=record.value, headers=list(record.headers)
+        )
+    producer.flush()
+    producer.close()
+
+
+class AppendSink:
+    """The baseline: the same parsed rows, appended with no dedup and no idempotence."""
+
+    def __init__(self, settings: LakeSettings) -> None:
+        self.settings = settings
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as f
+
+        from lake.records import PARSED_SCHEMA, parse_batch
+
+        parsed = frame.mapInArrow(parse_batch, PARSED_SCHEMA).withColumn(
+            "ingest_time", f.current_timestamp()
+        )
+        table = parsed.where("kind = 'event'").toArrow()  # one read of Kafka, like the sink
+        if not table.num_rows:
+            return
+        table = table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
+        write_deltalake(
+            self.settings.table_uri("events"), table, mode="append", partition_by=["event_date"]
+        )
+
+
+def ingest_rate(
+    spark: Any, settings: LakeSettings, bootstrap: str, sink: Any, events: int
+) -> float:
+    started = time.monotonic()
+    run_ingest(settings, bootstrap, available_now=True, sink=sink, spark=spark)
+    elapsed = time.monotonic() - started
+    landed = DeltaTable(settings.table_uri("events")).to_pyarrow_dataset().count_rows()
+    if landed != events:
+        raise RuntimeError(f"{landed} rows landed of {events}")
+    return events / elapsed
+
+
+def synthetic(rows: int, start: datetime, days: int) -> pa.Table:
+    ids, times = [], []
+    for n in range(rows):
+        moment = start + timedelta(seconds=(n * days * 86_400) // rows)
+        millis = int(moment.timestamp() * 1000)
+        value = (millis << 80) | (0x7 << 76) | (uuid.uuid4().int & ((1 << 76) - 1))
+        value = (value & ~(0x3 << 62)) | (0x2 << 62)
+        ids.append(str(uuid.UUID(int=value)))
+        times.append(moment)
+    return pa.table(
+        {
+            "event_id": ids,
+            "aggregate_type": ["bench"] * rows,
+            "aggregate_id": [str(n % 500) for n in range(rows)],
+            "event_type": ["Tick"] * rows,
+            "payload": ['{"n":1}'] * rows,
+            "headers": ["{}"] * rows,
+            "traceparent": [None] * rows,
+            "event_time": times,
+            "event_date": [moment.date() for moment in times],
+            "topic": ["outbox.event.bench"] * rows,
+            "partition": [0] * rows,
+            "offset": list(range(rows)),
+            "ingest_time": times,
+        }
+    ).cast(EVENTS_SCHEMA)
+
+
+def batch_time(root: Path, existing: int) -> float:
+    """Seconds for the sink to write 10,000 new events into ``events`` holding ``existing``."""
+    settings = LakeSettings(root=str(root))
+    now = datetime.now(UTC)
+    write_deltalake(
+        settings.table_uri("events"),
+        synthetic(existing, now - timedelta(days=30), 30),
+        partition_by=["event_date"],
+    )
+    batch = synthetic(10_000, now, 0).append_column("kind", pa.array(["event"] * 10_000))
+    sink = DeltaSink(settings)
+    started = time.monotonic()
+    sink._write_events(batch, batch_id=1)  # the events table's write: merge, day partitions
+    return time.monotonic() - started
+
+
+def latency(
+    spark: Any, stack: LocalStack, url: str, conninfo: str, root: Path, seconds: float
+) -> list[float]:
+    aggregate_type = f"lat{uuid.uuid4().hex[:8]}"
+    settings = LakeSettings(root=str(root), topic_pattern=rf"^outbox\.event\.{aggregate_type}$")
+    relay = Relay(
+        RelaySettings(http_port=0, idle_seconds=0.02),
+        database_url=url,
+        bootstrap_servers=stack.bootstrap_servers,
+        tables=OutboxSettings().tables,
+    )
+    stop_relay = threading.Event()
+    relay_thread = threading.Thread(target=relay.run, args=(stop_relay,))
+    relay_thread.start()
+    query_box: dict[str, Any] = {}
+
+    def ingest() -> None:
+        from lake.job import read_raw
+
+        query_box["query"] = (
+            read_raw(spark, settings, stack.bootstrap_servers)
+            .writeStream.foreachBatch(DeltaSink(settings).write_spark_batch)
+            .option("checkpointLocation", settings.checkpoint)
+            .trigger(processingTime=f"{settings.trigger_seconds} seconds")
+            .start()
+        )
+
+    ingest()
+    committed: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    outbox = Outbox()
+    with psycopg.connect(conninfo) as connection:
+        tick = time.monotonic()
+        end = tick + seconds
+        number = 0
+        while tick < end:
+            events = [
+                Event(aggregate_type, str((number + i) % 50), "Tick", {"n": number + i})
+                for i in range(5)
+            ]
+            with connection.transaction():
+                outbox.publish_many(connection, events)
+            now = time.time()
+            for event in events:
+                committed[str(event.event_id)] = now
+            number += 5
+            tick += 0.010  # 5 events every 10 ms: 500 events/s
+            time.sleep(max(0.0, tick - time.monotonic()))
+            if number % 500 == 0:
+                _look(settings, seen)
+    deadline = time.monotonic() + 120
+    while len(seen) < len(committed) and time.monotonic() < deadline:
+        _look(settings, seen)
+        time.sleep(0.2)
+    query_box["query"].stop()
+    stop_relay.set()
+    relay_thread.join(timeout=60)
+    return sorted(
+        seen[event_id] - committed[event_id] for event_id in committed if event_id in seen
+    )
+
+
+def _look(settings: LakeSettings, seen: dict[str, float]) -> None:
+    try:
+        table = DeltaTable(settings.table_uri("events"))
+    except Exception:  # not created yet
+        return
+    now = time.time()
+    for event_id in table.to_pyarrow_dataset().to_table(columns=["event_id"]).column(0).to_pylist():
+        seen.setdefault(event_id, now)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    return values[min(len(values) - 1, int(fraction * len(values)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Lake ingest benchmark.")
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--small-rows", type=int, default=100_000)
+    parser.add_argument("--big-rows", type=int, default=1_000_000)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    arguments = parser.parse_args()
+
+    stack = LocalStack()
+    stack.postgres.up()
+    if stack.broker is not None:
+        stack.broker.up()
+    bootstrap = stack.bootstrap_servers
+    work = Path(tempfile.mkdtemp(prefix="outbox-lake-bench-"))
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores; Spark local[2], deltalake, "
+        f"{'external Kafka' if stack.broker is None else 'Tansu 0.6'} on loopback"
+    )
+    spark = spark_session(LakeSettings())
+    try:
+        warm_type = f"warm{uuid.uuid4().hex[:8]}"  # JVM, Python workers: warm before timing
+        produce(bootstrap, warm_type, 1000)
+        warm = LakeSettings(root=str(work / "warm"), topic_pattern=rf"^outbox\.event\.{warm_type}$")
+        ingest_rate(spark, warm, bootstrap, DeltaSink(warm).write_spark_batch, 1000)
+        aggregate_type = f"ing{uuid.uuid4().hex[:8]}"
+        produce(bootstrap, aggregate_type, arguments.events)
+        pattern = rf"^outbox\.event\.{aggregate_type}$"
+        dedup_settings = LakeSettings(root=str(work / "dedup"), topic_pattern=pattern)
+        append_settings = LakeSettings(root=str(work / "append"), topic_pattern=pattern)
+        appended = ingest_rate(
+            spark, append_settings, bootstrap, AppendSink(append_settings), arguments.events
+        )
+        deduped = ingest_rate(
+            spark,
+            dedup_settings,
+            bootstrap,
+            DeltaSink(dedup_settings).write_spark_batch,
+            arguments.events,
+        )
+        print(f"ingest, plain append        : {appended:>9,.0f} events/s")
+        print(f"ingest, with dedup          : {deduped:>9,.0f} events/s")
+        print(f"dedup time / append time    : {appended / deduped:>9.2f}   target <= 1.5")
+
+        small = batch_time(work / "small", arguments.small_rows)
+        big = batch_time(work / "big", arguments.big_rows)
+        print(f"10,000-event batch, table of {arguments.small_rows:>9,} rows: {small:6.2f} s")
+        print(f"10,000-event batch, table of {arguments.big_rows:>9,} rows: {big:6.2f} s")
+        print(f"ratio                       : {big / small:>9.2f}   target <= 1.2")
+
+        database_root = stack.postgres
+        database_root.drop_database(DATABASE)
+        database_root.ensure_database(DATABASE)
+        url = database_root.url(DATABASE)
+        engine = sa.create_engine(url)
+        with engine.begin() as connection:
+            migrations.upgrade(connection)
+        engine.dispose()
+        waits = latency(
+            spark, stack, url, database_root.conninfo(DATABASE), work / "latency", arguments.seconds
+        )
+        print(
+            f"commit-to-queryable at 500 events/s over {arguments.seconds:.0f} s "
+            f"({len(waits):,} events, trigger {LakeSettings().trigger_seconds} s): "
+            f"p50 {percentile(waits, 0.5):.2f} s, p95 {percentile(waits, 0.95):.2f} s   "
+            "target p95 < 10 s"
+        )
+        database_root.drop_database(DATABASE)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
