@@ -1,9 +1,11 @@
-# The project's own image: the `outbox` command (migrations, connector apply, the polling relay;
-# later the lake job). Runs as a non-root user. The health check asks the relay's /healthz
+# The project's own image: the `outbox` command (migrations, connector apply, the polling relay,
+# the lake job: Java 17 for Spark). Runs as a non-root user. The health check asks the relay's /healthz
 # (one-shot commands such as `db upgrade` exit before it first runs).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY outbox ./outbox
@@ -12,7 +14,9 @@ COPY stack ./stack
 COPY migrations ./migrations
 COPY connect ./connect
 COPY relay ./relay
-RUN pip install '.[relay]' && useradd --system --uid 10001 --home /app outbox
+COPY lake ./lake
+RUN pip install '.[relay,lake]' && useradd --system --uid 10001 --home /app outbox \
+    && mkdir -p /lake && chown outbox /lake
 USER outbox
 ENV OUTBOX_RELAY_HTTP_HOST=0.0.0.0 OUTBOX_RELAY_HTTP_PORT=8090
 EXPOSE 8090

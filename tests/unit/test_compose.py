@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from connect.settings import ConnectorSettings
+from lake.settings import LakeSettings
 from relay.settings import RelaySettings
 from stack.artifacts import CONNECT_WHEEL
 from stack.connect import CONNECT_GROUP, ConnectWorker
@@ -27,7 +28,9 @@ def host_port(service: str) -> int:
 
 
 def test_the_pipeline_services_are_there() -> None:
-    assert {"postgres", "kafka", "connect", "migrate", "connector", "relay"} <= set(SERVICES)
+    assert {"postgres", "kafka", "connect", "migrate", "connector", "relay", "lake"} <= set(
+        SERVICES
+    )
     assert SERVICES["connector"]["command"] == ["connect", "apply"]
     assert SERVICES["connector"]["depends_on"]["migrate"]["condition"] == (
         "service_completed_successfully"
@@ -102,3 +105,23 @@ def test_outbox_variables_are_real_settings() -> None:
     connector_file = (ROOT / "connect" / "outbox-connector.json").read_text()
     assert "${env:OUTBOX_CONNECT_DATABASE_PASSWORD}" in connector_file
     assert re.findall(r"\{\{(\w+)\}\}", connector_file), "the file is the shared template"
+
+
+def test_the_lake_service_matches_its_settings() -> None:
+    lake = SERVICES["lake"]
+    assert lake["command"] == ["lake", "ingest"]
+    environment = lake["environment"]
+    known = {f"OUTBOX_LAKE_{name.upper()}" for name in LakeSettings.model_fields}
+    known.add("OUTBOX_KAFKA_BOOTSTRAP_SERVERS")
+    assert set(environment) <= known, set(environment) - known
+    settings = LakeSettings(
+        **{
+            name.removeprefix("OUTBOX_LAKE_").lower(): value
+            for name, value in environment.items()
+            if name.startswith("OUTBOX_LAKE_")
+        }
+    )
+    assert settings.end_offsets == "broker"  # Apache Kafka's end offsets can be trusted
+    assert f"lake-data:{settings.root}" in lake["volumes"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "openjdk-17" in dockerfile and "COPY lake" in dockerfile
