@@ -34,7 +34,7 @@ def spark_session(settings: LakeSettings) -> Any:
     spark = (
         SparkSession.builder.master(settings.spark_master)
         .appName(settings.query_name)
-        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")

@@ -21,6 +21,7 @@ every broker; ``broker``: trust the broker's end offsets, right for Apache Kafka
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -53,6 +54,19 @@ class _Range(InputPartition):
         self.partition = partition
         self.start = start
         self.end = end
+
+
+_WORKER_CONSUMERS: dict[str, Any] = {}
+"""One consumer per Python worker process, kept across micro-batches (Spark reuses workers):
+connecting and fetching metadata for every partition of every batch cost most of a batch."""
+
+
+def _worker_consumer(bootstrap_servers: str) -> Any:
+    consumer = _WORKER_CONSUMERS.get(bootstrap_servers)
+    if consumer is None:
+        consumer = _consumer(bootstrap_servers)
+        _WORKER_CONSUMERS[bootstrap_servers] = consumer
+    return consumer
 
 
 def _consumer(bootstrap_servers: str) -> Any:
@@ -213,7 +227,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
         from kafka import TopicPartition
 
         assert isinstance(partition, _Range)
-        consumer = _consumer(self.bootstrap_servers)
+        consumer = _worker_consumer(self.bootstrap_servers)
         tp = TopicPartition(partition.topic, partition.partition)
         try:
             consumer.assign([tp])
@@ -243,8 +257,13 @@ class _KafkaStreamReader(DataSourceStreamReader):
                             _timestamp(record.timestamp),
                             [(name, value) for name, value in record.headers],
                         )
-        finally:
+        except BaseException:
+            _WORKER_CONSUMERS.pop(self.bootstrap_servers, None)
             consumer.close()
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.unsubscribe()
 
 
 def _timestamp(milliseconds: int) -> Any:
