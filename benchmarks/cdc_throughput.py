@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from kafka import KafkaConsumer
 
 import migrations
+from benchmarks._shared import percentile
 from connect import ConnectClient, ConnectorSettings, render_connector_config
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import event_id_of, topic_for
@@ -189,10 +190,6 @@ def drop_slots(conninfo: str, names: list[str]) -> None:
             "WHERE slot_name = ANY(%s)",
             (names,),
         )
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    return values[min(len(values) - 1, int(fraction * len(values)))]
 
 
 def main() -> None:

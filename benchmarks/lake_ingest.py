@@ -33,11 +33,10 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
-import sqlalchemy as sa
 from deltalake import DeltaTable, write_deltalake
 from kafka import KafkaProducer
 
-import migrations
+from benchmarks._shared import fresh_database, percentile, postgres_and_broker
 from lake.delta_sink import EVENTS_SCHEMA, DeltaSink
 from lake.job import run_ingest, spark_session
 from lake.settings import LakeSettings
@@ -220,10 +219,6 @@ def _look(settings: LakeSettings, seen: dict[str, float]) -> None:
         seen.setdefault(event_id, now)
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    return values[min(len(values) - 1, int(fraction * len(values)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description="Lake ingest benchmark.")
     parser.add_argument("--events", type=int, default=100_000)
@@ -232,10 +227,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     arguments = parser.parse_args()
 
-    stack = LocalStack()
-    stack.postgres.up()
-    if stack.broker is not None:
-        stack.broker.up()
+    stack = postgres_and_broker()
     bootstrap = stack.bootstrap_servers
     work = Path(tempfile.mkdtemp(prefix="outbox-lake-bench-"))
     print(
@@ -274,13 +266,7 @@ def main() -> None:
         print(f"ratio                       : {big / small:>9.2f}   target <= 1.2")
 
         database_root = stack.postgres
-        database_root.drop_database(DATABASE)
-        database_root.ensure_database(DATABASE)
-        url = database_root.url(DATABASE)
-        engine = sa.create_engine(url)
-        with engine.begin() as connection:
-            migrations.upgrade(connection)
-        engine.dispose()
+        url = fresh_database(stack, DATABASE)
         waits = latency(
             spark, stack, url, database_root.conninfo(DATABASE), work / "latency", arguments.seconds
         )

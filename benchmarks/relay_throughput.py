@@ -26,15 +26,13 @@ import uuid
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from kafka import KafkaProducer
 
-import migrations
+from benchmarks._shared import fresh_database, postgres_and_broker
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for
 from relay.service import Relay
 from relay.settings import RelaySettings
-from stack.local import LocalStack
 
 DATABASE = "outbox_bench_relay"
 
@@ -128,18 +126,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     arguments = parser.parse_args()
 
-    stack = LocalStack()
-    stack.postgres.up()
-    if stack.broker is not None:
-        stack.broker.up()
+    stack = postgres_and_broker()
     cluster = stack.postgres
-    cluster.drop_database(DATABASE)
-    cluster.ensure_database(DATABASE)
-    url = cluster.url(DATABASE)
-    engine = sa.create_engine(url)
-    with engine.begin() as connection:
-        migrations.upgrade(connection)
-    engine.dispose()
+    url = fresh_database(stack, DATABASE)
     conninfo = cluster.conninfo(DATABASE)
     settings = RelaySettings(http_port=0)
     bootstrap = stack.bootstrap_servers

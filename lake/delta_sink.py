@@ -31,6 +31,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from lake.records import EVENT_COLUMNS, parsed_arrow_schema
 from lake.settings import LakeSettings
 
 __all__ = ["EVENTS", "QUARANTINE", "DeltaSink", "typed_table_name"]
@@ -42,23 +43,9 @@ QUARANTINE = "quarantine"
 _TYPED_PREFIX = "aggregate_"
 _COMMIT_ATTEMPTS = 5
 
-EVENTS_SCHEMA = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("aggregate_type", pa.string()),
-        ("aggregate_id", pa.string()),
-        ("event_type", pa.string()),
-        ("payload", pa.string()),
-        ("headers", pa.string()),
-        ("traceparent", pa.string()),
-        ("event_time", pa.timestamp("us", tz="UTC")),
-        ("event_date", pa.date32()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("ingest_time", pa.timestamp("us", tz="UTC")),
-    ]
-)
+_PARSED = parsed_arrow_schema()
+_INGEST_TIME = pa.field("ingest_time", pa.timestamp("us", tz="UTC"))
+EVENTS_SCHEMA = pa.schema([*(_PARSED.field(name) for name in EVENT_COLUMNS), _INGEST_TIME])
 QUARANTINE_SCHEMA = pa.schema(
     [
         ("topic", pa.string()),

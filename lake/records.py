@@ -16,11 +16,11 @@ from outbox.core.contract import ContractViolation, parse_record
 
 __all__ = [
     "EVENT_COLUMNS",
-    "QUARANTINE_COLUMNS",
     "RAW_COLUMNS",
     "event_time_of",
     "parse_batch",
     "parse_one",
+    "parsed_arrow_schema",
 ]
 
 # The raw schema: the same columns as Spark's own Kafka source, so either can feed the job.
@@ -43,7 +43,6 @@ EVENT_COLUMNS = (
     "partition",
     "offset",
 )
-QUARANTINE_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "reason")
 
 PARSED_SCHEMA = (
     "kind string, event_id string, aggregate_type string, aggregate_id string, "
@@ -100,29 +99,37 @@ def parse_one(
     }
 
 
+def parsed_arrow_schema() -> Any:
+    """:data:`PARSED_SCHEMA` as an Arrow schema (the lake tables take their columns from it)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("kind", pa.string()),
+            ("event_id", pa.string()),
+            ("aggregate_type", pa.string()),
+            ("aggregate_id", pa.string()),
+            ("event_type", pa.string()),
+            ("payload", pa.string()),
+            ("headers", pa.string()),
+            ("traceparent", pa.string()),
+            ("event_time", pa.timestamp("us", tz="UTC")),
+            ("event_date", pa.date32()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("raw_key", pa.binary()),
+            ("raw_value", pa.binary()),
+            ("reason", pa.string()),
+        ]
+    )
+
+
 def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
     """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out."""
     import pyarrow as pa
 
-    fields = [
-        ("kind", pa.string()),
-        ("event_id", pa.string()),
-        ("aggregate_type", pa.string()),
-        ("aggregate_id", pa.string()),
-        ("event_type", pa.string()),
-        ("payload", pa.string()),
-        ("headers", pa.string()),
-        ("traceparent", pa.string()),
-        ("event_time", pa.timestamp("us", tz="UTC")),
-        ("event_date", pa.date32()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("raw_key", pa.binary()),
-        ("raw_value", pa.binary()),
-        ("reason", pa.string()),
-    ]
-    schema = pa.schema(fields)
+    schema = parsed_arrow_schema()
     for batch in batches:
         rows = []
         for record in batch.to_pylist():
