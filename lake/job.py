@@ -89,9 +89,28 @@ def run_ingest(
         .option("checkpointLocation", settings.checkpoint)
     )
     if available_now:
-        writer = writer.trigger(availableNow=True)
+        # Not Trigger.AvailableNow: Spark hands a Python source "read all available" then,
+        # one unbounded batch. Micro-batches within the limit, stopped once caught up.
+        writer = writer.trigger(processingTime="0 seconds")
     else:
         writer = writer.trigger(processingTime=f"{settings.trigger_seconds} seconds")
     query = writer.start()
     log.info("lake ingest started (checkpoint %s)", settings.checkpoint)
+    if available_now:
+        _stop_when_caught_up(query)
+        return
     query.awaitTermination()
+
+
+def _stop_when_caught_up(query: Any) -> None:
+    """Stop ``query`` once two looks in a row, a second apart, find it idle with no new data."""
+    idle_looks = 0
+    while query.isActive:
+        query.awaitTermination(1)
+        status = query.status
+        idle = not status["isDataAvailable"] and not status["isTriggerActive"]
+        idle_looks = idle_looks + 1 if idle and query.lastProgress is not None else 0
+        if idle_looks >= 2:
+            query.stop()
+    if query.exception() is not None:
+        raise query.exception()
