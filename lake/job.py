@@ -38,6 +38,8 @@ def spark_session(settings: LakeSettings) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")
+        # A trigger with no new data reports progress at once: --available-now stops on it.
+        .config("spark.sql.streaming.noDataProgressEventInterval", "500ms")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
@@ -103,14 +105,18 @@ def run_ingest(
 
 
 def _stop_when_caught_up(query: Any) -> None:
-    """Stop ``query`` once two looks in a row, a second apart, find it idle with no new data."""
-    idle_looks = 0
+    """Stop ``query`` at its first trigger that finds no new data (a no-data progress)."""
     while query.isActive:
-        query.awaitTermination(1)
-        status = query.status
-        idle = not status["isDataAvailable"] and not status["isTriggerActive"]
-        idle_looks = idle_looks + 1 if idle and query.lastProgress is not None else 0
-        if idle_looks >= 2:
+        query.awaitTermination(0.5)
+        progress = query.lastProgress
+        if (
+            progress is not None
+            and progress["numInputRows"] == 0
+            and all(
+                source["startOffset"] in (None, source["endOffset"])
+                for source in progress["sources"]
+            )
+        ):
             query.stop()
     if query.exception() is not None:
         raise query.exception()
