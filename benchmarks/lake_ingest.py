@@ -7,8 +7,8 @@ needed; Spark in local mode):
    job with its dedup (insert-only merge per day partition) and with a plain append of the
    same records, and the ratio of their times (target: dedup <= 1.5x append);
 2. the time of one batch of 10,000 new events written by the sink when ``events`` holds
-   100,000 rows and when it holds 1,000,000 (spread over 30 days, the batch in today's
-   partition), and their ratio (target <= 1.2);
+   100,000 rows and when it holds 1,000,000 (spread over 30 days, the batches in today's
+   partition; median of 5 batches), and their ratio (target <= 1.2);
 3. commit-to-queryable latency p50/p95 at a steady 500 events/s for ``--seconds`` with the
    default trigger: from the SDK commit to the event being readable from the lake with
    ``deltalake`` (target p95 < 10 s). Events reach Kafka through the polling relay.
@@ -131,8 +131,9 @@ def synthetic(rows: int, start: datetime, days: int) -> pa.Table:
     ).cast(EVENTS_SCHEMA)
 
 
-def batch_time(root: Path, existing: int) -> float:
-    """Seconds for the sink to write 10,000 new events into ``events`` holding ``existing``."""
+def batch_time(root: Path, existing: int, batches: int = 5) -> float:
+    """Median seconds for the sink to write a batch of 10,000 new events into ``events``
+    holding ``existing`` rows (``batches`` batches, one after the other)."""
     settings = LakeSettings(root=str(root))
     now = datetime.now(UTC)
     write_deltalake(
@@ -140,11 +141,14 @@ def batch_time(root: Path, existing: int) -> float:
         synthetic(existing, now - timedelta(days=30), 30),
         partition_by=["event_date"],
     )
-    batch = synthetic(10_000, now, 0).append_column("kind", pa.array(["event"] * 10_000))
     sink = DeltaSink(settings)
-    started = time.monotonic()
-    sink._write_events(batch, batch_id=1)  # the events table's write: merge, day partitions
-    return time.monotonic() - started
+    times = []
+    for batch_id in range(1, batches + 1):
+        batch = synthetic(10_000, now, 0).append_column("kind", pa.array(["event"] * 10_000))
+        started = time.monotonic()
+        sink._write_events(batch, batch_id=batch_id)  # the events table's merge, day partitions
+        times.append(time.monotonic() - started)
+    return sorted(times)[len(times) // 2]
 
 
 def latency(
