@@ -24,12 +24,16 @@ __all__ = ["Handover"]
 @dataclass
 class Handover:
     grace_seconds: float
-    publishing: bool = False
     took_over_at: float | None = None
+    """When the relay took over (wall clock); None while it stands by."""
     takeovers: int = 0
     stepbacks: int = 0
     _last_cdc_heartbeat: float | None = None
     _first_seen: dict[Hashable, float] = field(default_factory=dict)
+
+    @property
+    def publishing(self) -> bool:
+        return self.took_over_at is not None
 
     def should_publish(self, event_ids: Sequence[Hashable], now: float) -> bool:
         """Given the ids of one read (in position order), publish them all, or none?"""
@@ -37,7 +41,6 @@ class Handover:
         if self.publishing:
             return bool(event_ids)
         if any(now - seen >= self.grace_seconds for seen in self._first_seen.values()):
-            self.publishing = True
             self.took_over_at = now
             self.takeovers += 1
             return True
@@ -51,12 +54,10 @@ class Handover:
     def drained(self) -> bool:
         """The relay read less than a full batch and published it. Step back? (True: it did.)"""
         if (
-            self.publishing
-            and self.took_over_at is not None
+            self.took_over_at is not None
             and self._last_cdc_heartbeat is not None
             and self._last_cdc_heartbeat > self.took_over_at
         ):
-            self.publishing = False
             self.took_over_at = None
             self._first_seen.clear()
             self.stepbacks += 1

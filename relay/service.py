@@ -159,15 +159,9 @@ class Relay:
                 skip = frozenset(row.id for row in read.rows)
                 cycle = database.submit(self._database_cycle, acked, skip)
                 try:
-                    started = time.monotonic()
-                    outcome = self._producer_ready().wait(self._producer_ready().send(read.rows))
+                    outcome = self._publish(read.rows)
                 finally:
                     following = cycle.result()  # never leave the database thread running alone
-                acked = None
-                if outcome.failure is not None:
-                    self._drop_producer()
-                    raise _BatchNotAcknowledged(f"{len(read.rows)} rows: {outcome.failure}")
-                self.metrics.publish_seconds.observe(time.monotonic() - started)
                 acked = _InFlight(read.rows, outcome, read.candidate)
                 self._backoff = self.settings.retry_backoff_seconds
                 read = following
@@ -239,13 +233,7 @@ class Relay:
             return False
         candidate = self._horizon.candidate([row.position for row in rows], limit=limit)
         if rows:
-            started = time.monotonic()
-            outcome = self._producer_ready().publish(rows)
-            if outcome.failure is not None:
-                self._drop_producer()
-                raise _BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
-            self.metrics.publish_seconds.observe(time.monotonic() - started)
-            self._finish(_InFlight(rows, outcome, candidate))
+            self._finish(_InFlight(rows, self._publish(rows), candidate))
         else:
             self._horizon.advance(candidate)
         if len(rows) < limit and self._handover.drained():
@@ -258,10 +246,17 @@ class Relay:
         last, xid_bound, xmin = self._database.horizon_bounds()
         self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
 
-    def _producer_ready(self) -> ContractProducer:
+    def _publish(self, rows: list[OutboxRow]) -> BatchOutcome:
+        """Send ``rows`` and wait for the broker; a batch not acknowledged raises (retried)."""
         if self._producer is None:
             self._producer = ContractProducer(self._bootstrap, self.settings)
-        return self._producer
+        started = time.monotonic()
+        outcome = self._producer.publish(rows)
+        if outcome.failure is not None:
+            self._drop_producer()
+            raise _BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
+        self.metrics.publish_seconds.observe(time.monotonic() - started)
+        return outcome
 
     def _drop_producer(self) -> None:
         if self._producer is not None:
