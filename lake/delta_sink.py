@@ -96,6 +96,18 @@ def _compatible(new: pa.DataType, existing: pa.DataType) -> bool:
     return bool(new == existing or (pa.types.is_integer(new) and pa.types.is_floating(existing)))
 
 
+def parsed_frame(frame: Any) -> Any:
+    """Raw Kafka rows parsed on the executors (``kind``: event or quarantine), stamped with
+    their ingest time."""
+    from pyspark.sql import functions as f
+
+    from lake.records import PARSED_SCHEMA, parse_batch
+
+    return frame.mapInArrow(parse_batch, PARSED_SCHEMA).withColumn(
+        "ingest_time", f.current_timestamp()
+    )
+
+
 class DeltaSink:
     """Writes parsed micro-batches to the lake tables; idempotent per (query, batch id)."""
 
@@ -124,15 +136,8 @@ class DeltaSink:
 
     def write_spark_batch(self, frame: Any, batch_id: int) -> None:
         """``foreachBatch`` body: parse and dedup in Spark, then :meth:`write`."""
-        from pyspark.sql import functions as f
-
-        from lake.records import PARSED_SCHEMA, parse_batch
-
-        parsed = (
-            frame.mapInArrow(parse_batch, PARSED_SCHEMA)
-            .withColumn("ingest_time", f.current_timestamp())
-            .persist()  # Kafka is read and parsed once per batch, not once per output
-        )
+        # Persisted: Kafka is read and parsed once per batch, not once per output.
+        parsed = parsed_frame(frame).persist()
         try:
             events = parsed.where("kind = 'event'").dropDuplicates(["event_id"]).toArrow()
             quarantined = parsed.where("kind = 'quarantine'").toArrow()
