@@ -86,15 +86,15 @@ def grant_publisher(
     """
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
-    for statement in (
+    _execute(
+        connection,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
         f"GRANT INSERT ON {tables.qualified_outbox} TO {grantee}",
         # Only the event id can be read back: publishes with dedup keys return inserted ids.
         f"GRANT SELECT (id) ON {tables.qualified_outbox} TO {grantee}",
         f"GRANT USAGE ON SEQUENCE {tables.qualified_position_sequence} TO {grantee}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables.qualified_dedup} TO {grantee}",
-    ):
-        connection.execute(text(statement))
+    )
 
 
 def _ensure_login_role(
@@ -144,13 +144,13 @@ def create_cdc_role(
         replication=True,
         variable="OUTBOX_CONNECT_DATABASE_PASSWORD",
     )
-    for grant in (
+    _execute(
+        connection,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
         f"GRANT SELECT ON {tables.qualified_outbox} TO {grantee}",
         # Its heartbeat: insert a beat, delete old ones (see connect/outbox-connector.json).
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_heartbeat} TO {grantee}",
-    ):
-        connection.execute(text(grant))
+    )
 
 
 def create_relay_role(
@@ -170,12 +170,12 @@ def grant_consumer(
     """Grant ``role`` what an idempotent consumer needs: claims in the inbox, and cleanup."""
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
-    for statement in (
+    _execute(
+        connection,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_inbox} TO {grantee}",
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_inbox_dead_letter} TO {grantee}",
-    ):
-        connection.execute(text(statement))
+    )
 
 
 def grant_relay(
@@ -189,13 +189,19 @@ def grant_relay(
     """
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
-    for statement in (
+    _execute(
+        connection,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_outbox} TO {grantee}",
         f"GRANT SELECT, USAGE ON SEQUENCE {tables.qualified_position_sequence} TO {grantee}",
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_dead_letter} TO {grantee}",
         f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_offset} TO {grantee}",
-    ):
+    )
+
+
+def _execute(connection: Connection, *statements: str) -> None:
+    """Run utility statements (GRANT ...) whose names were validated and quoted."""
+    for statement in statements:
         connection.execute(text(statement))
 
 
