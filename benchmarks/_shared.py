@@ -3,12 +3,18 @@ percentiles."""
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Callable
+
+import psycopg
 import sqlalchemy as sa
 
 import migrations
+from outbox import Event, Outbox
 from stack.local import LocalStack
 
-__all__ = ["fresh_database", "percentile", "postgres_and_broker"]
+__all__ = ["fresh_database", "paced_writes", "percentile", "postgres_and_broker"]
 
 
 def postgres_and_broker() -> LocalStack:
@@ -35,3 +41,38 @@ def fresh_database(stack: LocalStack, name: str) -> str:
 
 def percentile(values: list[float], fraction: float) -> float:
     return values[min(len(values) - 1, int(fraction * len(values)))]
+
+
+def paced_writes(
+    conninfo: str,
+    aggregate_type: str,
+    committed: dict[uuid.UUID, float],
+    *,
+    events_per_tick: int,
+    seconds: float,
+    tick_seconds: float = 0.010,
+    every_100_ticks: Callable[[], None] | None = None,
+) -> None:
+    """A steady load: ``events_per_tick`` events in one transaction every ``tick_seconds``
+    for ``seconds`` (50 aggregates). ``committed`` gets each event's wall-clock commit time
+    as soon as it commits (a reader may watch it meanwhile)."""
+    outbox = Outbox()
+    with psycopg.connect(conninfo) as connection:
+        tick = time.monotonic()
+        end = tick + seconds
+        number = 0
+        while tick < end:
+            events = [
+                Event(aggregate_type, str((number + i) % 50), "Tick", {"n": number + i})
+                for i in range(events_per_tick)
+            ]
+            with connection.transaction():
+                outbox.publish_many(connection, events)
+            now = time.time()
+            for event in events:
+                committed[event.event_id] = now
+            number += events_per_tick
+            tick += tick_seconds
+            time.sleep(max(0.0, tick - time.monotonic()))  # the pace, not a condition to await
+            if every_100_ticks is not None and number % (100 * events_per_tick) == 0:
+                every_100_ticks()

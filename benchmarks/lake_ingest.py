@@ -31,16 +31,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from kafka import KafkaProducer
 
-from benchmarks._shared import fresh_database, percentile, postgres_and_broker
-from lake.delta_sink import EVENTS_SCHEMA, DeltaSink
+from benchmarks._shared import fresh_database, paced_writes, percentile, postgres_and_broker
+from lake.delta_sink import EVENTS_SCHEMA, DeltaSink, parsed_frame
 from lake.job import run_ingest, spark_session
 from lake.settings import LakeSettings
-from outbox import Event, Outbox, OutboxSettings, new_event_id
+from outbox import OutboxSettings, new_event_id
 from outbox.core.contract import record_for
 from relay.service import Relay
 from relay.settings import RelaySettings
@@ -75,14 +74,7 @@ class AppendSink:
         self.settings = settings
 
     def __call__(self, frame: Any, batch_id: int) -> None:
-        from pyspark.sql import functions as f
-
-        from lake.records import PARSED_SCHEMA, parse_batch
-
-        parsed = frame.mapInArrow(parse_batch, PARSED_SCHEMA).withColumn(
-            "ingest_time", f.current_timestamp()
-        )
-        table = parsed.where("kind = 'event'").toArrow()  # one read of Kafka, like the sink
+        table = parsed_frame(frame).where("kind = 'event'").toArrow()  # one read, like the sink
         if not table.num_rows:
             return
         table = table.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
@@ -179,28 +171,17 @@ def latency(
         )
 
     ingest()
-    committed: dict[str, float] = {}
+    commit_times: dict[uuid.UUID, float] = {}
     seen: dict[str, float] = {}
-    outbox = Outbox()
-    with psycopg.connect(conninfo) as connection:
-        tick = time.monotonic()
-        end = tick + seconds
-        number = 0
-        while tick < end:
-            events = [
-                Event(aggregate_type, str((number + i) % 50), "Tick", {"n": number + i})
-                for i in range(5)
-            ]
-            with connection.transaction():
-                outbox.publish_many(connection, events)
-            now = time.time()
-            for event in events:
-                committed[str(event.event_id)] = now
-            number += 5
-            tick += 0.010  # 5 events every 10 ms: 500 events/s
-            time.sleep(max(0.0, tick - time.monotonic()))
-            if number % 500 == 0:
-                _look(settings, seen)
+    paced_writes(  # 5 events every 10 ms: 500 events/s
+        conninfo,
+        aggregate_type,
+        commit_times,
+        events_per_tick=5,
+        seconds=seconds,
+        every_100_ticks=lambda: _look(settings, seen),
+    )
+    committed = {str(event_id): moment for event_id, moment in commit_times.items()}
     deadline = time.monotonic() + 120
     while len(seen) < len(committed) and time.monotonic() < deadline:
         _look(settings, seen)
