@@ -31,11 +31,16 @@ def spark_session(settings: LakeSettings) -> Any:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Loopback only: otherwise the driver resolves the hostname and listens on eth0. The
+    # variable reaches the JVM Spark starts (and its executors), the settings the driver.
+    os.environ.setdefault("SPARK_LOCAL_IP", settings.spark_bind_address)
     spark = (
         SparkSession.builder.master(settings.spark_master)
         .appName(settings.query_name)
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", settings.spark_bind_address)
+        .config("spark.driver.bindAddress", settings.spark_bind_address)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")
         # A trigger with no new data reports progress at once: --available-now stops on it.

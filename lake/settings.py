@@ -24,7 +24,9 @@ class LakeSettings(BaseSettings):
     ``OUTBOX_LAKE_SPARK_MASTER``: ``local[2]`` by default, any Spark master URL.
     ``OUTBOX_LAKE_END_OFFSETS``: ``scan`` (find where each partition ends by reading: works
     on every broker, including the local one) or ``broker`` (trust the broker's end offsets:
-    right for Apache Kafka, and cheaper).
+    right for Apache Kafka, and cheaper). ``OUTBOX_LAKE_SPARK_BIND_ADDRESS``: the address the
+    Spark driver listens on and advertises (``127.0.0.1``: loopback only; on a cluster, an
+    address the executors can reach).
     """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOX_LAKE_", extra="ignore", frozen=True)
@@ -35,6 +37,7 @@ class LakeSettings(BaseSettings):
     trigger_seconds: float = Field(default=1.0, gt=0, le=3600)
     fail_on_data_loss: bool = True
     spark_master: str = "local[2]"
+    spark_bind_address: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
     query_name: str = "outbox-lake-ingest"
     end_offsets: Literal["scan", "broker"] = "scan"
 
