@@ -59,6 +59,7 @@ def produce(bootstrap: str, aggregate_type: str, events: int) -> None:
             payload_text=f'{{"n": {n}, "name": "item-{n % 97}", "price": {n % 1000}.5}}',
             headers_text="{}",
             traceparent="",
+            position=n + 1,
         )
         producer.send(
             record.topic, key=record.key, value=record.value, headers=list(record.headers)

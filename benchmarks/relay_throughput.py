@@ -55,7 +55,7 @@ def records_of(conninfo: str, aggregate_type: str, topic_suffix: str) -> list[An
     with psycopg.connect(conninfo) as connection:
         rows = connection.execute(
             "SELECT id, aggregatetype, aggregateid, type, payload::text, headers::text, "
-            "traceparent FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
+            "traceparent, position FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
             (aggregate_type,),
         ).fetchall()
     return [
@@ -67,6 +67,7 @@ def records_of(conninfo: str, aggregate_type: str, topic_suffix: str) -> list[An
             payload_text=row[4],
             headers_text=row[5],
             traceparent=row[6],
+            position=row[7],
         )
         for row in rows
     ]

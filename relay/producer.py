@@ -90,6 +90,7 @@ class ContractProducer:
                 event_type=row.event_type,
                 traceparent=row.traceparent,
                 headers=row.headers,
+                position=str(row.position).encode(),
             )
             try:
                 future = self._producer.send(

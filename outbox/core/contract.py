@@ -8,7 +8,9 @@ A record for an outbox row:
   plain JSON, not a Debezium envelope;
 - headers, in this order: ``id`` (the event id, canonical UUID text), ``eventType``,
   ``traceparent`` (W3C trace context; an empty value when the event has none),
-  ``headers`` (the event's extra headers as a JSON object, ``{}`` when none).
+  ``headers`` (the event's extra headers as a JSON object, ``{}`` when none),
+  ``position`` (the outbox row's ``position`` in decimal ASCII: commit order within an
+  aggregate, the order the lake keeps).
 
 A consumer cannot tell which path (CDC or the polling relay) delivered a record. Duplicates
 across paths or after a crash carry the same ``id``: consumers deduplicate on it.
@@ -27,6 +29,7 @@ __all__ = [
     "HEADER_EVENT_TYPE",
     "HEADER_HEADERS",
     "HEADER_ID",
+    "HEADER_POSITION",
     "HEADER_TRACEPARENT",
     "TOPIC_PREFIX",
     "ContractRecord",
@@ -44,6 +47,7 @@ HEADER_ID = "id"
 HEADER_EVENT_TYPE = "eventType"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_HEADERS = "headers"
+HEADER_POSITION = "position"
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -69,6 +73,7 @@ def record_for(
     payload_text: str,
     headers_text: str,
     traceparent: str | None,
+    position: int,
 ) -> ContractRecord:
     """The record for one outbox row, its jsonb columns given as PostgreSQL's text.
 
@@ -85,13 +90,14 @@ def record_for(
                 event_type=event_type.encode(),
                 traceparent=traceparent.encode() if traceparent else b"",
                 headers=headers_text.encode(),
+                position=str(position).encode(),
             )
         ),
     )
 
 
 def headers_for(
-    *, event_id: bytes, event_type: bytes, traceparent: bytes, headers: bytes
+    *, event_id: bytes, event_type: bytes, traceparent: bytes, headers: bytes, position: bytes
 ) -> list[tuple[str, bytes]]:
     """The record's headers from the row's columns as UTF-8 bytes (the relay's fast path)."""
     return [
@@ -99,15 +105,31 @@ def headers_for(
         (HEADER_EVENT_TYPE, event_type),
         (HEADER_TRACEPARENT, traceparent),
         (HEADER_HEADERS, headers),
+        (HEADER_POSITION, position),
     ]
 
 
 def event_id_of(headers: Sequence[tuple[str, bytes | None]]) -> uuid.UUID:
-    """The event id of a received record; ValueError when it carries none."""
+    """The event id of a received record; ValueError when it carries none or a malformed one."""
     for name, value in headers:
         if name == HEADER_ID and value is not None:
-            return uuid.UUID(value.decode())
+            try:
+                return uuid.UUID(value.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                raise ValueError(
+                    f"the 'id' header {value[:80]!r} is not a UUID: it does not follow the "
+                    "outbox contract"
+                ) from None
     raise ValueError("the record has no 'id' header: it does not follow the outbox contract")
+
+
+def _text(value: bytes, what: str) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ContractViolation(
+            f"{what} is not UTF-8 ({error.reason} at byte {error.start})"
+        ) from None
 
 
 class ContractViolation(ValueError):
@@ -128,6 +150,13 @@ class ReceivedEvent:
     topic: str
     partition: int
     offset: int
+    position: int | None = None
+    """Commit order within the aggregate; ``None`` for records written before the header."""
+    payload_text: str | None = None
+    """The value exactly as received (``None`` for a tombstone): lossless, unlike ``payload``
+    (a float too large for a double is ``inf`` there)."""
+    headers_text: str = "{}"
+    """The ``headers`` header exactly as received."""
 
 
 def parse_record(
@@ -139,7 +168,11 @@ def parse_record(
     value: bytes | None,
     headers: Sequence[tuple[str, bytes | None]],
 ) -> ReceivedEvent:
-    """Read a contract record back; :class:`ContractViolation` names what is wrong."""
+    """Read a contract record back; :class:`ContractViolation` names what is wrong.
+
+    Whatever the bytes, this raises nothing but :class:`ContractViolation`: a consumer can
+    always set a record aside with the reason and go on.
+    """
     if not topic.startswith(TOPIC_PREFIX):
         raise ContractViolation(f"topic {topic!r} is not an outbox topic ({TOPIC_PREFIX}<type>)")
     named = {name: data for name, data in headers}
@@ -150,23 +183,49 @@ def parse_record(
     event_type = named.get(HEADER_EVENT_TYPE)
     if not event_type:
         raise ContractViolation("the record has no 'eventType' header")
-    try:
-        payload = json.loads(value) if value is not None else None
-        extra = json.loads(named.get(HEADER_HEADERS) or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ContractViolation(f"the value or the 'headers' header is not JSON: {error}") from None
+    payload_text = _text(value, "the value") if value is not None else None
+    headers_text = _text(named.get(HEADER_HEADERS) or b"{}", "the 'headers' header")
+    payload = _json(payload_text, "the value") if payload_text is not None else None
+    extra = _json(headers_text, "the 'headers' header")
     if not isinstance(extra, dict):
         raise ContractViolation("the 'headers' header is not a JSON object")
     traceparent = named.get(HEADER_TRACEPARENT)
     return ReceivedEvent(
         event_id=event_id,
         aggregate_type=topic[len(TOPIC_PREFIX) :],
-        aggregate_id=key.decode() if key is not None else "",
-        event_type=event_type.decode(),
+        aggregate_id=_text(key, "the key") if key is not None else "",
+        event_type=_text(event_type, "the 'eventType' header"),
         payload=payload,
         headers={str(k): str(v) for k, v in extra.items()},
-        traceparent=traceparent.decode() if traceparent else None,
+        traceparent=_text(traceparent, "the 'traceparent' header") if traceparent else None,
         topic=topic,
         partition=partition,
         offset=offset,
+        position=_position(named.get(HEADER_POSITION)),
+        payload_text=payload_text,
+        headers_text=headers_text,
     )
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json(text: str, what: str) -> Any:
+    """Strict JSON: ``NaN``/``Infinity`` refused; nesting too deep for Python refused."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as error:  # JSONDecodeError is a ValueError
+        raise ContractViolation(f"{what} is not JSON: {error}") from None
+    except RecursionError:
+        raise ContractViolation(f"{what} is JSON nested too deeply to read") from None
+
+
+def _position(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    if not (value.isdigit() and len(value) <= 19 and int(value) < 2**63):
+        raise ContractViolation(
+            f"the 'position' header {value[:40]!r} is not a decimal bigint (0 to 2^63-1)"
+        )
+    return int(value)

@@ -41,7 +41,7 @@ def test_a_commit_produces_exactly_the_contract_record(cdc: CdcPath) -> None:
     with cdc.database.connect() as connection:
         rows = connection.execute(
             "SELECT id, aggregatetype, aggregateid, type, payload::text, headers::text, "
-            "traceparent FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
+            "traceparent, position FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
             (aggregate_type,),
         ).fetchall()
     expected = [
@@ -53,6 +53,7 @@ def test_a_commit_produces_exactly_the_contract_record(cdc: CdcPath) -> None:
             payload_text=r[4],
             headers_text=r[5],
             traceparent=r[6],
+            position=r[7],
         )
         for r in rows
     ]

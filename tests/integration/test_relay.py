@@ -78,12 +78,14 @@ def test_relay_records_are_byte_for_byte_those_of_debezium(
     # The same rows, copied into the relay's own database, go through the relay.
     with cdc.database.connect() as source, relay_bench.database.connect() as target:
         rows = source.execute(
-            "SELECT id, aggregatetype, aggregateid, type, payload, headers, traceparent "
-            "FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
+            "SELECT id, aggregatetype, aggregateid, type, payload, headers, traceparent, "
+            "position FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
             (aggregate_type,),
         ).fetchall()
         with target.transaction():
             for row in rows:
+                # The relay's database draws positions of its own (the position header is
+                # each database's commit order); everything else is copied as it is.
                 target.execute(
                     "INSERT INTO outbox.outbox "
                     "(id, aggregatetype, aggregateid, type, payload, headers, traceparent) "
@@ -98,11 +100,25 @@ def test_relay_records_are_byte_for_byte_those_of_debezium(
                         row[6],
                     ),
                 )
+        relay_positions = dict(
+            target.execute(
+                "SELECT id, position FROM outbox.outbox WHERE aggregatetype = %s",
+                (aggregate_type,),
+            ).fetchall()
+        )
     with relay_bench.in_thread():
         both = read_until(relay_bench.kafka.bootstrap_servers, topic, lambda r: len(r) >= 6)
+    source_positions = {row[0]: row[7] for row in rows}
 
     def wire(record: Any) -> tuple[Any, ...]:
-        return (record.topic, record.partition, record.key, record.value, tuple(record.headers))
+        """The record with its position header's value replaced by "the row's position"."""
+        event_id = event_id_of(record.headers)
+        positions = {source_positions[event_id], relay_positions[event_id]}
+        headers = tuple(
+            (name, b"<position>" if name == "position" and int(value) in positions else value)
+            for name, value in record.headers
+        )
+        return (record.topic, record.partition, record.key, record.value, headers)
 
     # Per event id: Debezium's copy, then the relay's copy, in the same partition.
     copies: dict[uuid.UUID, list[tuple[Any, ...]]] = defaultdict(list)
