@@ -3,38 +3,52 @@
 For each micro-batch (``foreachBatch(df, batch_id)``):
 
 1. Spark parses and validates every record on the executors (``mapInArrow`` with
-   :func:`lake.records.parse_batch`) and drops duplicate event ids within the batch;
-2. the driver receives the parsed rows of that one batch (bounded by the source's admission
-   control, so its memory stays bounded whatever the backlog);
-3. each table gets one Delta commit carrying an *application transaction* ``(app id, batch
-   id)``: a batch replayed after a crash is recognised (``transaction_version``) and skipped
-   table by table, so a crash between two tables' commits finishes the missing ones only;
-4. ``events`` and the typed tables are written with an insert-only merge on ``event_id``,
-   restricted to the day partitions of the batch (UUIDv7 ids carry their creation time), so a
-   duplicate arriving days later, through any path, adds no row and the merge touches only
-   the partitions the batch's events belong to.
+   :func:`lake.records.parse_batch`): each record becomes an event row or a quarantine row
+   with its reason; nothing a record holds can fail the batch;
+2. the driver receives the parsed rows of that one batch in one Spark job (bounded by the
+   source's admission control, by records and by bytes) and keeps, of the copies of an event
+   met in the batch, the one with the lowest offset;
+3. each table gets one insert-only merge keyed by event id (quarantine: by quarantine id),
+   restricted to the batch's day partitions, so re-reading records for any reason (a replay
+   after a crash, a deleted checkpoint, a second delivery path) adds nothing. Nothing is
+   skipped on the strength of a batch id: a new checkpoint starts its ids at 0 again;
+4. the typed tables, then ``quarantine``, then ``events``: when ``events`` has a batch, so
+   does everything else. Each commit records the Kafka offsets it has taken in
+   (:mod:`lake.progress`).
 
-Tables: ``events``, ``quarantine``, and ``aggregate_<type>`` for each aggregate type (the
-payload's top-level fields as columns, new fields added as columns; a field whose type
-changes incompatibly sends that event to quarantine with the reason).
+Tables: ``events``, ``quarantine``, and one ``aggregate_<type>`` per aggregate type
+(:func:`typed_table_name`; the payload's top-level fields as columns, decided by
+:mod:`lake.typed_rows`; a row that cannot be typed goes to quarantine with the reason and
+its event stays in ``events``).
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+import pyarrow.compute as pc
+from deltalake.exceptions import CommitFailedError
 
+from lake.delta_tables import columns_of, insert_new_rows, open_table
+from lake.progress import Ends, batch_ends, forward_transactions
 from lake.records import EVENT_COLUMNS, parsed_arrow_schema
 from lake.settings import LakeSettings
+from lake.typed_rows import TYPED_BASE, plan_typed_rows
 
-__all__ = ["EVENTS", "QUARANTINE", "DeltaSink", "typed_table_name"]
+__all__ = [
+    "EVENTS",
+    "EVENTS_SCHEMA",
+    "QUARANTINE",
+    "QUARANTINE_SCHEMA",
+    "DeltaSink",
+    "first_copies",
+    "parsed_frame",
+    "typed_table_name",
+]
 
 log = logging.getLogger("outbox.lake.sink")
 
@@ -42,12 +56,15 @@ EVENTS = "events"
 QUARANTINE = "quarantine"
 _TYPED_PREFIX = "aggregate_"
 _COMMIT_ATTEMPTS = 5
+_TYPED_BASE_NAMES = {name for name, _ in TYPED_BASE}
 
 _PARSED = parsed_arrow_schema()
 _INGEST_TIME = pa.field("ingest_time", pa.timestamp("us", tz="UTC"))
 EVENTS_SCHEMA = pa.schema([*(_PARSED.field(name) for name in EVENT_COLUMNS), _INGEST_TIME])
 QUARANTINE_SCHEMA = pa.schema(
     [
+        ("quarantine_id", pa.string()),
+        ("target_table", pa.string()),
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
@@ -58,42 +75,22 @@ QUARANTINE_SCHEMA = pa.schema(
         ("ingest_time", pa.timestamp("us", tz="UTC")),
     ]
 )
-_TYPED_BASE = [
-    ("event_id", pa.string()),
-    ("aggregate_id", pa.string()),
-    ("event_type", pa.string()),
-    ("event_time", pa.timestamp("us", tz="UTC")),
-    ("event_date", pa.date32()),
-]
-_RESERVED = {name for name, _ in _TYPED_BASE}
 
 
 def typed_table_name(aggregate_type: str) -> str:
-    """``aggregate_<type>``, the type reduced to lowercase letters, digits and underscores."""
-    return _TYPED_PREFIX + re.sub(r"[^a-z0-9_]", "_", aggregate_type.lower())
+    """``aggregate_<type>``: one table per aggregate type, never shared.
 
-
-def _scalar_type(value: Any) -> pa.DataType | None:
-    """The column type of a top-level payload value (objects and arrays are kept as JSON)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return pa.bool_()
-    if isinstance(value, int):
-        return pa.int64()
-    if isinstance(value, float):
-        return pa.float64()
-    return pa.string()
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, dict | list):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    return value
-
-
-def _compatible(new: pa.DataType, existing: pa.DataType) -> bool:
-    return bool(new == existing or (pa.types.is_integer(new) and pa.types.is_floating(existing)))
+    A type of lowercase letters, digits and single underscores keeps its name
+    (``order`` → ``aggregate_order``). Any other type is reduced to those characters and
+    given 8 hex digits of its SHA-256 after ``__``, a suffix no kept name can end with
+    (``Order`` → ``aggregate_order__<hash>``, ``order.v2`` and ``order-v2`` apart). Each
+    table also records its aggregate type (Delta metadata name): a collision is refused.
+    """
+    if re.fullmatch(r"[a-z0-9_]+", aggregate_type) and "__" not in aggregate_type:
+        return _TYPED_PREFIX + aggregate_type
+    reduced = re.sub(r"[^a-z0-9]+", "_", aggregate_type.lower()).strip("_")[:80] or "x"
+    digest = hashlib.sha256(aggregate_type.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{_TYPED_PREFIX}{reduced}__{digest}"
 
 
 def parsed_frame(frame: Any) -> Any:
@@ -108,58 +105,62 @@ def parsed_frame(frame: Any) -> Any:
     )
 
 
+def first_copies(events: pa.Table) -> pa.Table:
+    """The events in offset order, each event id once: the copy with the lowest offset."""
+    ordered = events.sort_by(
+        [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
+    )
+    seen: set[str] = set()
+    keep = []
+    for index, event_id in enumerate(ordered.column("event_id").to_pylist()):
+        if event_id not in seen:
+            seen.add(event_id)
+            keep.append(index)
+    return ordered if len(keep) == ordered.num_rows else ordered.take(keep)
+
+
 class DeltaSink:
-    """Writes parsed micro-batches to the lake tables; idempotent per (query, batch id)."""
+    """Writes parsed micro-batches to the lake tables; every write is idempotent."""
 
     def __init__(self, settings: LakeSettings) -> None:
         self.settings = settings
 
-    def _app_id(self, table: str) -> str:
-        return f"{self.settings.query_name}:{table}"
-
-    def _table(self, name: str) -> DeltaTable | None:
-        try:
-            return DeltaTable(self.settings.table_uri(name))
-        except TableNotFoundError:
-            return None
-
-    def _already_committed(self, table: DeltaTable | None, name: str, batch_id: int) -> bool:
-        if table is None:
-            return False
-        version = table.transaction_version(self._app_id(name))
-        return version is not None and int(version) >= batch_id
-
-    def _commit(self, name: str, batch_id: int) -> CommitProperties:
-        return CommitProperties(app_transactions=[Transaction(self._app_id(name), batch_id)])
-
     # -- the batch -------------------------------------------------------------------------
 
     def write_spark_batch(self, frame: Any, batch_id: int) -> None:
-        """``foreachBatch`` body: parse and dedup in Spark, then :meth:`write`."""
-        # Persisted: Kafka is read and parsed once per batch, not once per output.
-        parsed = parsed_frame(frame).persist()
-        try:
-            events = parsed.where("kind = 'event'").dropDuplicates(["event_id"]).toArrow()
-            quarantined = parsed.where("kind = 'quarantine'").toArrow()
-        finally:
-            parsed.unpersist()
+        """``foreachBatch`` body: parse in Spark (one job), then :meth:`write`."""
+        parsed = parsed_frame(frame).toArrow()
+        is_event = pc.equal(parsed.column("kind"), "event")
+        events = parsed.filter(is_event)
+        quarantined = parsed.filter(pc.invert(is_event))
         self.write(
             batch_id,
             events=events if events.num_rows else None,
             quarantined=quarantined if quarantined.num_rows else None,
+            ends=batch_ends(parsed),
         )
 
     def write(
-        self, batch_id: int, *, events: pa.Table | None, quarantined: pa.Table | None
+        self,
+        batch_id: int,
+        *,
+        events: pa.Table | None,
+        quarantined: pa.Table | None,
+        ends: Ends | None = None,
     ) -> None:
-        """Commit one parsed batch to every table it concerns (each at most once).
+        """Land one parsed batch in every table it concerns.
 
         A commit that loses a race (``outbox lake maintain`` compacting the same table) is
-        retried: each table's application transaction makes the retry skip what landed.
+        retried; the retry adds only what is not there yet.
         """
+        if ends is None:
+            ends = {}
+            for part in (events, quarantined):
+                for key, end in batch_ends(part).items():
+                    ends[key] = max(ends.get(key, 0), end)
         for attempt in range(1, _COMMIT_ATTEMPTS + 1):
             try:
-                self._write_once(batch_id, events=events, quarantined=quarantined)
+                self._write_once(events=events, quarantined=quarantined, ends=ends)
                 return
             except CommitFailedError as conflict:
                 if attempt == _COMMIT_ATTEMPTS:
@@ -167,18 +168,17 @@ class DeltaSink:
                 log.warning("batch %d: commit conflict, retrying: %s", batch_id, conflict)
 
     def _write_once(
-        self, batch_id: int, *, events: pa.Table | None, quarantined: pa.Table | None
+        self, *, events: pa.Table | None, quarantined: pa.Table | None, ends: Ends
     ) -> None:
-        extra_quarantine: list[dict[str, Any]] = []
+        set_aside: list[dict[str, Any]] = []
         if events is not None and events.num_rows:
-            events = events.sort_by(
-                [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
-            )
+            events = first_copies(events)
             for aggregate_type, rows in self._by_type(events).items():
-                extra_quarantine += self._write_typed(aggregate_type, rows, batch_id)
-            self._write_events(events, batch_id)
-        rows = [] if quarantined is None else quarantined.to_pylist()
-        self._write_quarantine(rows, extra_quarantine, batch_id)
+                set_aside += self._write_typed(aggregate_type, rows, ends)
+        records = [] if quarantined is None else quarantined.to_pylist()
+        self._write_quarantine(records, set_aside, ends)
+        if events is not None and events.num_rows:
+            self._write_events(events, ends)
 
     @staticmethod
     def _by_type(events: pa.Table) -> dict[str, list[dict[str, Any]]]:
@@ -187,154 +187,98 @@ class DeltaSink:
             grouped.setdefault(row["aggregate_type"], []).append(row)
         return grouped
 
-    def _merge_insert_only(
-        self, name: str, table: DeltaTable, source: pa.Table, batch_id: int, *, merge_schema: bool
-    ) -> None:
-        days = sorted({day.isoformat() for day in source.column("event_date").to_pylist()})
-        in_days = ", ".join(f"'{day}'" for day in days)  # ISO dates from Arrow: safe literals
-        (
-            table.merge(
-                source,
-                predicate=(
-                    f"t.event_date IN ({in_days}) AND t.event_date = s.event_date "
-                    "AND t.event_id = s.event_id"
-                ),
-                source_alias="s",
-                target_alias="t",
-                merge_schema=merge_schema,
-                commit_properties=self._commit(name, batch_id),
-            )
-            .when_not_matched_insert_all()
-            .execute()
-        )
+    # -- the tables ------------------------------------------------------------------------
 
-    def _write_events(self, events: pa.Table, batch_id: int) -> None:
-        table = self._table(EVENTS)
-        if self._already_committed(table, EVENTS, batch_id):
-            return
-        source = events.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
-        if table is None:
-            write_deltalake(
-                self.settings.table_uri(EVENTS),
-                source,
-                partition_by=["event_date"],
-                commit_properties=self._commit(EVENTS, batch_id),
-            )
-            return
-        self._merge_insert_only(EVENTS, table, source, batch_id, merge_schema=False)
+    def _write_events(self, events: pa.Table, ends: Ends) -> None:
+        uri = self.settings.table_uri(EVENTS)
+        table = open_table(uri)
+        rows = events.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
+        insert_new_rows(
+            uri,
+            table,
+            rows,
+            key="event_id",
+            transactions=forward_transactions(table, ends),
+            by_day=True,
+        )
 
     def _write_typed(
-        self, aggregate_type: str, rows: list[dict[str, Any]], batch_id: int
+        self, aggregate_type: str, events: list[dict[str, Any]], ends: Ends
     ) -> list[dict[str, Any]]:
-        """Write the typed rows; return the rows that go to quarantine instead."""
+        """Write the typed rows of one aggregate type; return the rows set aside instead."""
         name = typed_table_name(aggregate_type)
-        table = self._table(name)
-        if self._already_committed(table, name, batch_id):
-            return []
+        uri = self.settings.table_uri(name)
+        table = open_table(uri)
         existing: dict[str, pa.DataType] = {}
         if table is not None:
-            # deltalake answers with arro3 types: through the C interface into pyarrow's.
-            existing = {field.name: field.type for field in pa.schema(table.schema().to_arrow())}
-        columns: dict[str, pa.DataType] = {}
-        accepted: list[dict[str, Any]] = []
-        rejected: list[dict[str, Any]] = []
-        for row in rows:
-            payload = json.loads(row["payload"])
-            if not isinstance(payload, dict):
-                rejected.append({**row, "reason": "the payload is not a JSON object"})
-                continue
-            problem = None
-            types: dict[str, pa.DataType] = {}
-            for field_name, value in payload.items():
-                column_type = _scalar_type(value)
-                if column_type is None:
-                    continue
-                if field_name in _RESERVED:
-                    problem = f"payload field {field_name!r} clashes with a lake column"
-                    break
-                known = existing.get(field_name) or columns.get(field_name)
-                if known is not None and not _compatible(column_type, known):
-                    problem = (
-                        f"payload field {field_name!r} is {column_type} here but {known} in {name}"
-                    )
-                    break
-                types[field_name] = known or column_type
-            if problem is not None:
-                rejected.append({**row, "reason": problem})
-                continue
-            columns.update({k: v for k, v in types.items() if k not in columns})
-            accepted.append({**row, "_payload": payload})
-        for row in rejected:
-            log.warning("event %s to quarantine: %s", row["event_id"], row["reason"])
-        if not accepted:
-            return rejected
-        schema = pa.schema(
-            _TYPED_BASE
-            + [(field, existing.get(field, kind)) for field, kind in sorted(columns.items())]
-        )
-        source = pa.Table.from_pylist(
-            [
-                {
-                    **{base: row[base] for base, _ in _TYPED_BASE},
-                    **{k: _cell(v) for k, v in row["_payload"].items() if k in columns},
-                }
-                for row in accepted
-            ],
-            schema=schema,
-        )
-        if table is None:
-            write_deltalake(
-                self.settings.table_uri(name),
-                source,
-                partition_by=["event_date"],
-                commit_properties=self._commit(name, batch_id),
+            owner = table.metadata().name
+            if owner and owner != aggregate_type:
+                reason = (
+                    f"the typed table {name} holds aggregate type {owner!r}, not "
+                    f"{aggregate_type!r}: the event is in events; report this name collision"
+                )
+                return [{**event, "target_table": name, "reason": reason} for event in events]
+            existing = {
+                column: kind
+                for column, kind in columns_of(table).items()
+                if column not in _TYPED_BASE_NAMES
+            }
+        plan = plan_typed_rows(events, existing, name)
+        set_aside = [
+            {**event, "target_table": name, "reason": reason} for event, reason in plan.rejected
+        ]
+        for row in set_aside:
+            log.warning("event %s: typed row to quarantine: %s", row["event_id"], row["reason"])
+        if plan.rows:
+            insert_new_rows(
+                uri,
+                table,
+                plan.table(),
+                key="event_id",
+                transactions=forward_transactions(table, ends),
+                by_day=True,
+                owner=aggregate_type,
             )
-        else:
-            self._merge_insert_only(name, table, source, batch_id, merge_schema=True)
-        return rejected
+        return set_aside
 
     def _write_quarantine(
-        self,
-        parsed: Iterable[dict[str, Any]],
-        rejected_events: list[dict[str, Any]],
-        batch_id: int,
+        self, records: list[dict[str, Any]], set_aside: list[dict[str, Any]], ends: Ends
     ) -> None:
-        rows = [
-            {
-                "topic": row["topic"],
-                "partition": row["partition"],
-                "offset": row["offset"],
-                "key": row.get("raw_key"),
-                "value": row.get("raw_value"),
-                "event_id": row.get("event_id"),
-                "reason": row["reason"],
-                "ingest_time": row.get("ingest_time"),
-            }
-            for row in [*parsed, *rejected_events]
+        rows = [_quarantine_row(row, EVENTS) for row in records] + [
+            _quarantine_row(row, row["target_table"]) for row in set_aside
         ]
         if not rows:
             return
-        table = self._table(QUARANTINE)
-        if self._already_committed(table, QUARANTINE, batch_id):
-            return
-        source = pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA)
-        if table is None:
-            write_deltalake(
-                self.settings.table_uri(QUARANTINE),
-                source,
-                commit_properties=self._commit(QUARANTINE, batch_id),
-            )
-            return
-        (
-            table.merge(
-                source,
-                predicate=(
-                    "t.topic = s.topic AND t.partition = s.partition AND t.offset = s.offset"
-                ),
-                source_alias="s",
-                target_alias="t",
-                commit_properties=self._commit(QUARANTINE, batch_id),
-            )
-            .when_not_matched_insert_all()
-            .execute()
+        uri = self.settings.table_uri(QUARANTINE)
+        table = open_table(uri)
+        insert_new_rows(
+            uri,
+            table,
+            pa.Table.from_pylist(rows, schema=QUARANTINE_SCHEMA),
+            key="quarantine_id",
+            transactions=forward_transactions(table, ends),
+            by_day=False,
         )
+
+
+def _quarantine_row(row: dict[str, Any], target_table: str) -> dict[str, Any]:
+    """A quarantine row; its id is the same whenever the same record is set aside again."""
+    if target_table == EVENTS:
+        digest = hashlib.sha256()
+        for part in (row.get("raw_key"), row.get("raw_value")):
+            digest.update(b"-" if part is None else b"+%d:" % len(part) + part)
+        identity = f"{row['topic']}:{row['partition']}:{row['offset']}:{digest.hexdigest()[:32]}"
+    else:
+        identity = f"{target_table}:{row['event_id']}"
+    return {
+        "quarantine_id": identity,
+        "target_table": target_table,
+        "topic": row["topic"],
+        "partition": row["partition"],
+        "offset": row["offset"],
+        "key": row.get("raw_key"),
+        "value": row.get("raw_value"),
+        "event_id": row.get("event_id"),
+        "reason": row["reason"],
+        "ingest_time": row.get("ingest_time"),
+    }

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +75,7 @@ def read_raw(
         .option("bootstrapServers", bootstrap_servers)
         .option("pattern", settings.topic_pattern)
         .option("maxRecordsPerBatch", str(settings.max_records_per_batch))
+        .option("maxBytesPerBatch", str(settings.max_bytes_per_batch))
         .option("failOnDataLoss", str(settings.fail_on_data_loss).lower())
         .option("endOffsets", settings.end_offsets)
         .load()
@@ -103,25 +107,55 @@ def run_ingest(
         writer = writer.trigger(processingTime=f"{settings.trigger_seconds} seconds")
     query = writer.start()
     log.info("lake ingest started (checkpoint %s)", settings.checkpoint)
-    if available_now:
-        _stop_when_caught_up(query)
-        return
-    query.awaitTermination()
-
-
-def _stop_when_caught_up(query: Any) -> None:
-    """Stop ``query`` at its first trigger that finds no new data (a no-data progress)."""
-    while query.isActive:
-        query.awaitTermination(0.5)
-        progress = query.lastProgress
-        if (
-            progress is not None
-            and progress["numInputRows"] == 0
-            and all(
-                source["startOffset"] in (None, source["endOffset"])
-                for source in progress["sources"]
-            )
-        ):
-            query.stop()
+    stop = _StopOnSignal()
+    try:
+        while query.isActive:
+            query.awaitTermination(0.5)
+            if stop.requested:
+                _stop_between_batches(query)
+            elif available_now and _caught_up(query):
+                query.stop()
+    finally:
+        stop.restore()
     if query.exception() is not None:
         raise query.exception()
+    if stop.requested:
+        log.info("lake ingest stopped on %s, between two batches", stop.requested)
+
+
+class _StopOnSignal:
+    """SIGTERM and SIGINT ask for a clean stop (the handler only notes it)."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGTERM, signal.SIGINT):
+                self._previous[number] = signal.signal(number, self._note)
+
+    def _note(self, number: int, _frame: Any) -> None:
+        self.requested = signal.Signals(number).name
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+def _stop_between_batches(query: Any, patience_seconds: float = 120.0) -> None:
+    """Let the batch under way finish (its commits are idempotent either way), then stop."""
+    deadline = time.monotonic() + patience_seconds
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+def _caught_up(query: Any) -> bool:
+    """The query's last trigger found no new data (a no-data progress)."""
+    progress = query.lastProgress
+    return (
+        progress is not None
+        and progress["numInputRows"] == 0
+        and all(
+            source["startOffset"] in (None, source["endOffset"]) for source in progress["sources"]
+        )
+    )

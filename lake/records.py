@@ -6,7 +6,6 @@ happen in parallel; the driver only sees the parsed rows of one bounded micro-ba
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -37,6 +36,7 @@ EVENT_COLUMNS = (
     "payload",
     "headers",
     "traceparent",
+    "position",
     "event_time",
     "event_date",
     "topic",
@@ -46,17 +46,24 @@ EVENT_COLUMNS = (
 
 PARSED_SCHEMA = (
     "kind string, event_id string, aggregate_type string, aggregate_id string, "
-    "event_type string, payload string, headers string, traceparent string, "
+    "event_type string, payload string, headers string, traceparent string, position long, "
     "event_time timestamp, event_date date, topic string, partition int, offset long, "
     "raw_key binary, raw_value binary, reason string"
 )
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def event_time_of(event_id: uuid.UUID) -> datetime:
-    """A UUIDv7 carries its creation time (ms) in its first 48 bits; other versions: epoch."""
+    """A UUIDv7 carries its creation time (ms) in its first 48 bits; other versions, and a
+    time no calendar date can hold: the epoch."""
     if event_id.version != 7:
-        return datetime(1970, 1, 1, tzinfo=UTC)
-    return datetime.fromtimestamp((event_id.int >> 80) / 1000, tz=UTC)
+        return _EPOCH
+    try:
+        return datetime.fromtimestamp((event_id.int >> 80) / 1000, tz=UTC)
+    except (OverflowError, ValueError, OSError):
+        return _EPOCH
 
 
 def parse_one(
@@ -67,7 +74,12 @@ def parse_one(
     value: bytes | None,
     headers: Sequence[tuple[str, bytes | None]],
 ) -> dict[str, Any]:
-    """One parsed row: ``kind`` is ``event`` or ``quarantine`` (with the ``reason``)."""
+    """One parsed row: ``kind`` is ``event`` or ``quarantine`` (with the ``reason``).
+
+    Never raises: whatever the bytes, the record becomes one row or the other. ``payload``
+    and ``headers`` are the record's own JSON text, exactly as committed (an integer beyond
+    64 bits or a number beyond a double's range stays exact there).
+    """
     row: dict[str, Any] = {
         "topic": topic,
         "partition": partition,
@@ -79,24 +91,27 @@ def parse_one(
         event = parse_record(
             topic=topic, partition=partition, offset=offset, key=key, value=value, headers=headers
         )
+        if event.payload_text is None:
+            return {**row, "kind": "quarantine", "reason": "the record has no value (tombstone)"}
+        event_time = event_time_of(event.event_id)
+        return {
+            **row,
+            "kind": "event",
+            "event_id": str(event.event_id),
+            "aggregate_type": event.aggregate_type,
+            "aggregate_id": event.aggregate_id,
+            "event_type": event.event_type,
+            "payload": event.payload_text,
+            "headers": event.headers_text,
+            "traceparent": event.traceparent,
+            "position": event.position,
+            "event_time": event_time,
+            "event_date": event_time.date(),
+        }
     except ContractViolation as violation:
         return {**row, "kind": "quarantine", "reason": str(violation)}
-    if event.payload is None:
-        return {**row, "kind": "quarantine", "reason": "the record has no value (tombstone)"}
-    event_time = event_time_of(event.event_id)
-    return {
-        **row,
-        "kind": "event",
-        "event_id": str(event.event_id),
-        "aggregate_type": event.aggregate_type,
-        "aggregate_id": event.aggregate_id,
-        "event_type": event.event_type,
-        "payload": json.dumps(event.payload, ensure_ascii=False, separators=(",", ":")),
-        "headers": json.dumps(event.headers, ensure_ascii=False, separators=(",", ":")),
-        "traceparent": event.traceparent,
-        "event_time": event_time,
-        "event_date": event_time.date(),
-    }
+    except Exception as error:  # a record must never stop the stream
+        return {**row, "kind": "quarantine", "reason": f"{type(error).__name__}: {error}"}
 
 
 def parsed_arrow_schema() -> Any:
@@ -113,6 +128,7 @@ def parsed_arrow_schema() -> Any:
             ("payload", pa.string()),
             ("headers", pa.string()),
             ("traceparent", pa.string()),
+            ("position", pa.int64()),
             ("event_time", pa.timestamp("us", tz="UTC")),
             ("event_date", pa.date32()),
             ("topic", pa.string()),
@@ -144,4 +160,23 @@ def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
                     headers,
                 )
             )
-        yield pa.RecordBatch.from_pylist(rows, schema=schema)
+        try:
+            yield pa.RecordBatch.from_pylist(rows, schema=schema)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):
+            yield pa.RecordBatch.from_pylist([_arrow_safe(row, schema) for row in rows], schema)
+
+
+def _arrow_safe(row: dict[str, Any], schema: Any) -> dict[str, Any]:
+    """The row if Arrow can hold it, else the record as quarantine with the reason."""
+    import pyarrow as pa
+
+    try:
+        pa.RecordBatch.from_pylist([row], schema=schema)
+        return row
+    except (pa.ArrowException, ValueError, TypeError, OverflowError) as error:
+        keep = ("topic", "partition", "offset", "raw_key", "raw_value")
+        return {
+            **{name: row.get(name) for name in keep},
+            "kind": "quarantine",
+            "reason": f"the record cannot be stored: {type(error).__name__}: {error}",
+        }

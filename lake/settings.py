@@ -18,7 +18,9 @@ class LakeSettings(BaseSettings):
     ``OUTBOX_LAKE_ROOT``: folder (or object-store URI) of the Delta tables; checkpoints live
     beside them in ``_checkpoints``. ``OUTBOX_LAKE_TOPIC_PATTERN``: regex of the topics to
     ingest (new matching topics are picked up without a restart).
-    ``OUTBOX_LAKE_MAX_RECORDS_PER_BATCH``: admission control. ``OUTBOX_LAKE_TRIGGER_SECONDS``:
+    ``OUTBOX_LAKE_MAX_RECORDS_PER_BATCH`` and ``OUTBOX_LAKE_MAX_BYTES_PER_BATCH`` (keys, values
+    and headers; enforced with ``end_offsets=scan``): admission control, which bounds the
+    driver's memory. ``OUTBOX_LAKE_TRIGGER_SECONDS``:
     micro-batch interval. ``OUTBOX_LAKE_FAIL_ON_DATA_LOSS``: stop when records were deleted by
     retention before they were ingested (``false``: skip them, logged).
     ``OUTBOX_LAKE_SPARK_MASTER``: ``local[2]`` by default, any Spark master URL.
@@ -34,6 +36,7 @@ class LakeSettings(BaseSettings):
     root: str = ".lake"
     topic_pattern: str = r"^outbox\.event\..+"
     max_records_per_batch: int = Field(default=20_000, ge=1, le=10_000_000)
+    max_bytes_per_batch: int = Field(default=64 * 2**20, ge=2**20, le=2**34)
     trigger_seconds: float = Field(default=1.0, gt=0, le=3600)
     fail_on_data_loss: bool = True
     spark_master: str = "local[2]"

@@ -6,6 +6,8 @@ refuse a connection that is in autocommit mode or outside a transaction.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -20,8 +22,14 @@ from outbox._drivers import (
     drive_async,
     sync_executor,
 )
-from outbox.core.errors import EventError, UnsupportedTransactionError
+from outbox.core.errors import (
+    EventError,
+    LakeContractError,
+    LakeContractWarning,
+    UnsupportedTransactionError,
+)
 from outbox.core.event import Event, PublishResult
+from outbox.core.lake_contract import payload_problems
 from outbox.core.protocol import Rows, attached_batch, delete_expired, publish_events
 from outbox.core.statements import OutboxStatements, Statement
 from outbox.settings import OutboxSettings
@@ -35,9 +43,11 @@ class _OutboxBase:
         self._statements = OutboxStatements(self.settings.tables)
 
     def _publish(self, events: Iterable[Event]) -> Generator[Statement, Rows, list[PublishResult]]:
+        events = list(events)
+        self._check_lake_contract(events)
         return publish_events(
             self._statements,
-            list(events),
+            events,
             max_payload_bytes=self.settings.max_payload_bytes,
             dedup_window=self.settings.dedup_window,
         )
@@ -50,7 +60,9 @@ class _OutboxBase:
         events: Iterable[Event],
     ) -> tuple[bytes, Sequence[Any] | Mapping[str, Any]]:
         """The caller's statement with our events attached, and its parameters."""
-        batch = attached_batch(list(events), max_payload_bytes=self.settings.max_payload_bytes)
+        events = list(events)
+        self._check_lake_contract(events)
+        batch = attached_batch(events, max_payload_bytes=self.settings.max_payload_bytes)
         text = query if isinstance(query, str) else query.as_string(connection)
         if isinstance(params, Mapping):
             if _BATCH_PARAMETER in params:
@@ -58,6 +70,26 @@ class _OutboxBase:
             combined = self._with_events(text, f"%({_BATCH_PARAMETER})s")
             return combined, {**params, _BATCH_PARAMETER: batch}
         return self._with_events(text, "%s"), (batch, *(params or ()))
+
+    def _check_lake_contract(self, events: list[Event]) -> None:
+        """Warn about, or refuse, payloads the lake's typed tables would set aside."""
+        mode, strict_types = self.settings.lake_contract, self.settings.lake_strict_types
+        if mode == "off" and not strict_types:
+            return
+        for event in events:
+            strict = mode == "strict" or event.aggregate_type in strict_types
+            if mode == "off" and not strict:
+                continue
+            problems = payload_problems(_plain_payload(event.payload))
+            if not problems:
+                continue
+            message = (
+                f"event {event.event_type!r} of {event.aggregate_type!r}: the lake would keep "
+                f"it in events but set its typed row aside: {'; '.join(problems)}"
+            )
+            if strict:
+                raise LakeContractError(message, problems=problems)
+            warnings.warn(message, LakeContractWarning, stacklevel=4)
 
     @lru_cache(maxsize=512)  # noqa: B019 - applications run a handful of statements, forever
     def _with_events(self, query: str, placeholder: str) -> bytes:
@@ -71,6 +103,18 @@ class _OutboxBase:
 
 
 _BATCH_PARAMETER = "outbox_batch"
+
+
+def _plain_payload(payload: Any) -> Any:
+    """The payload's top level as the lake will see it (dataclasses and models as dicts)."""
+    if isinstance(payload, Mapping):
+        return payload
+    dump = getattr(payload, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        return {field.name: getattr(payload, field.name) for field in dataclasses.fields(payload)}
+    return payload
 
 
 def _psycopg_only(transaction: object, method: str) -> None:

@@ -7,7 +7,7 @@ names the variable (see :func:`describe_validation_error`).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +26,12 @@ class OutboxSettings(BaseSettings):
     ``OUTBOX_SCHEMA_NAME``, ``OUTBOX_TABLE``, ``OUTBOX_DEDUP_TABLE``, ``OUTBOX_INBOX_TABLE`` and
     ``OUTBOX_PUBLICATION`` are plain SQL identifiers. ``OUTBOX_MAX_PAYLOAD_BYTES`` bounds one
     event's JSON payload. Durations accept seconds (``86400``) or ISO 8601 (``P1D``).
+
+    ``OUTBOX_LAKE_CONTRACT``: what publishing does with a payload the lake's typed table would
+    set aside (a field outside int64, names that differ only in case, a reserved name...):
+    ``warn`` (default, a :class:`~outbox.LakeContractWarning`), ``strict`` (refuse it with
+    :class:`~outbox.LakeContractError`) or ``off``. ``OUTBOX_LAKE_STRICT_TYPES``: aggregate
+    types held to ``strict`` whatever the mode, as a JSON list (``["order", "payment"]``).
     """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore", frozen=True)
@@ -38,6 +44,8 @@ class OutboxSettings(BaseSettings):
     max_payload_bytes: int = Field(default=1_000_000, gt=0, le=100_000_000)
     dedup_window: PositiveDuration = timedelta(hours=24)
     inbox_retention: PositiveDuration = timedelta(days=7)
+    lake_contract: Literal["off", "warn", "strict"] = "warn"
+    lake_strict_types: frozenset[str] = frozenset()
 
     @field_validator("schema_name", "table", "dedup_table", "inbox_table", "publication")
     @classmethod

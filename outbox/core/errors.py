@@ -6,6 +6,8 @@ __all__ = [
     "ConfigurationError",
     "EventError",
     "InvalidIdentifierError",
+    "LakeContractError",
+    "LakeContractWarning",
     "OutboxError",
     "PayloadTooLargeError",
     "PayloadTypeError",
@@ -28,6 +30,21 @@ class InvalidIdentifierError(ConfigurationError):
 
 class EventError(OutboxError, ValueError):
     """An event field (aggregate type, aggregate id, event type, header...) is invalid."""
+
+
+class LakeContractError(EventError):
+    """A payload the lake's typed table would set aside (``OUTBOX_LAKE_CONTRACT=strict``);
+    ``problems`` lists every reason, each naming the field and the fix."""
+
+    def __init__(self, message: str, *, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+class LakeContractWarning(UserWarning):
+    """The same finding as :class:`LakeContractError`, as a warning
+    (``OUTBOX_LAKE_CONTRACT=warn``, the default): turn it into an error in your test suite
+    with ``-W error::outbox.LakeContractWarning``."""
 
 
 class PayloadTypeError(OutboxError, TypeError):

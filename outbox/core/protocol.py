@@ -182,9 +182,10 @@ def dead_letter_message(
     attempts: int,
 ) -> Generator[Statement, Rows, None]:
     """Keep a record a consumer could not handle, with the reason, for ops to look at."""
+    # Whatever the record holds: PostgreSQL text and jsonb refuse NUL, so it is replaced.
     header_text = json.dumps(
         [
-            [name, None if data is None else data.decode("utf-8", "replace")]
+            [_no_nul(name), None if data is None else _no_nul(data.decode("utf-8", "replace"))]
             for name, data in headers
         ]
     )
@@ -199,11 +200,15 @@ def dead_letter_message(
             "key": key,
             "value": value,
             "headers": header_text,
-            "reason": reason[:4000],
+            "reason": _no_nul(reason[:4000]),
             "attempts": attempts,
         },
         Result.ROWCOUNT,
     )
+
+
+def _no_nul(text: str) -> str:
+    return text.replace("\x00", "\ufffd")
 
 
 def delete_expired(sql: str, window: timedelta) -> Generator[Statement, Rows, int]:

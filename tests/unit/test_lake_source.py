@@ -72,7 +72,7 @@ def test_parse_one_sorts_records_into_events_and_quarantine() -> None:
     headers = [("id", str(event_id).encode()), ("eventType", b"Placed"), ("traceparent", b"")]
     good = parse_one("outbox.event.order", 0, 7, b"42", b'{"a": 1}', [*headers, ("headers", b"{}")])
     assert good["kind"] == "event" and good["aggregate_type"] == "order"
-    assert good["event_time"] == event_time_of(event_id) and good["payload"] == '{"a":1}'
+    assert good["event_time"] == event_time_of(event_id) and good["payload"] == '{"a": 1}'
     for value, extra, reason in (
         (b"{nope", [], "not JSON"),
         (b"{}", [("headers", b"[1]")], "not a JSON object"),
@@ -82,3 +82,129 @@ def test_parse_one_sorts_records_into_events_and_quarantine() -> None:
         assert bad["kind"] == "quarantine" and reason in bad["reason"], bad
     no_id = parse_one("outbox.event.order", 0, 9, None, b"{}", [("eventType", b"X")])
     assert "no 'id' header" in no_id["reason"]
+
+
+class Record:
+    def __init__(self, topic: str, partition: int, offset: int, size: int = 10) -> None:
+        self.topic, self.partition, self.offset = topic, partition, offset
+        self.key, self.value, self.headers, self.timestamp = b"k", b"v" * size, [], 0
+
+
+class FakeLog:
+    """A broker's log as a consumer sees it: offsets present per partition, and what
+    fetching an offset outside them does (empty, as Tansu; or out of range, as Kafka)."""
+
+    def __init__(self, logs: dict[Any, list[int]], *, out_of_range: bool = False, size: int = 10):
+        self.logs, self.out_of_range, self.size = logs, out_of_range, size
+        self.at: dict[Any, int] = {}
+        self.paused: set[Any] = set()
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.at = {tp: 0 for tp in partitions}
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.at[tp] = offset
+
+    def position(self, tp: Any) -> int:
+        return self.at[tp]
+
+    def pause(self, *tps: Any) -> None:
+        self.paused |= set(tps)
+
+    def resume(self, *tps: Any) -> None:
+        self.paused -= set(tps)
+
+    def beginning_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: min(self.logs[tp], default=0) for tp in tps}
+
+    def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return {tp: max(self.logs[tp], default=-1) + 1 for tp in tps}
+
+    def poll(self, timeout_ms: int = 0, max_records: int = 5000) -> dict[Any, list[Record]]:
+        from kafka.errors import OffsetOutOfRangeError
+
+        answer = {}
+        for tp, at in self.at.items():
+            if tp in self.paused:
+                continue
+            offsets = [o for o in self.logs[tp] if o >= at][:max_records]
+            if not offsets and self.out_of_range and self.logs[tp] and at > max(self.logs[tp]) + 1:
+                raise OffsetOutOfRangeError({tp: at})
+            if offsets:
+                answer[tp] = [Record(tp.topic, tp.partition, o, self.size) for o in offsets]
+                self.at[tp] = offsets[-1] + 1
+        return answer
+
+    def unsubscribe(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def scanning_reader(log: FakeLog, **options: Any) -> _KafkaStreamReader:
+    reader = _KafkaStreamReader(
+        bootstrap_servers="unused:1",
+        pattern="^t",
+        max_records=options.pop("max_records", 1000),
+        fail_on_data_loss=options.pop("fail_on_data_loss", True),
+        max_bytes=options.pop("max_bytes", 10**9),
+    )
+    reader._client = log
+    reader.probe_seconds = 0.2
+    reader._record_exists = lambda tp, offset: offset in log.logs[tp]  # type: ignore[method-assign]
+    reader._bounds = lambda: (  # type: ignore[method-assign]
+        log.beginning_offsets(list(log.logs)),
+        log.end_offsets(list(log.logs)),
+    )
+    return reader
+
+
+def test_the_byte_budget_bounds_a_batch_but_every_partition_moves() -> None:
+    log = FakeLog({A0: list(range(100)), A1: list(range(100))}, size=1000)
+    reader = scanning_reader(log, max_bytes=10_000)
+    end = reader.latestOffset({}, ReadMaxRows(1000))
+    admitted = end["ta"]["0"] + end["ta"]["1"]
+    assert 2 <= admitted <= 12, end  # about 10 records of ~1 kB, at least one per partition
+    huge = FakeLog({A0: list(range(5))}, size=5_000_000)
+    assert scanning_reader(huge, max_bytes=2**20).latestOffset({}, ReadMaxRows(9)) == {
+        "ta": {"0": 1}
+    }
+
+
+def test_a_recreated_topic_that_is_shorter_is_detected_by_the_scan() -> None:
+    log = FakeLog({A0: [0, 1, 2]})  # the lake stood at 10: offset 9 is gone, nothing deleted
+    with pytest.raises(DataLossError, match=r"ta\[0\]: offset 9, which the lake read, is gone"):
+        scanning_reader(log).latestOffset({"ta": {"0": 10}}, ReadMaxRows(100))
+    skipping = scanning_reader(FakeLog({A0: [0, 1, 2]}), fail_on_data_loss=False)
+    assert skipping.latestOffset({"ta": {"0": 10}}, ReadMaxRows(100)) == {"ta": {"0": 3}}
+    steady = scanning_reader(FakeLog({A0: list(range(12))}))
+    assert steady.latestOffset({"ta": {"0": 10}}, ReadMaxRows(100)) == {"ta": {"0": 12}}
+
+
+def read_all(reader: _KafkaStreamReader, log: FakeLog, start: int, end: int) -> list[int]:
+    import lake.kafka_source as source
+
+    source._WORKER_CONSUMERS["unused:1"] = log
+    try:
+        return [row[4] for row in reader.read(source._Range("ta", 0, start, end))]
+    finally:
+        source._WORKER_CONSUMERS.pop("unused:1", None)
+
+
+def test_read_never_jumps_a_gap_retention_made_under_the_batch() -> None:
+    log = FakeLog({A0: list(range(5, 20))})  # 0-4 deleted after the batch was planned
+    with pytest.raises(DataLossError, match=r"ta\[0\]: offsets 0 to 4 were deleted by retention"):
+        read_all(scanning_reader(log), log, 0, 10)
+    log = FakeLog({A0: list(range(5, 20))})
+    assert read_all(scanning_reader(log, fail_on_data_loss=False), log, 0, 10) == [5, 6, 7, 8, 9]
+    markers = FakeLog({A0: [0, 1, 3, 4]})  # offset 2 holds no record (a transaction marker)
+    assert read_all(scanning_reader(markers), markers, 0, 5) == [0, 1, 3, 4]
+
+
+def test_read_reports_an_offset_out_of_range_as_data_loss() -> None:
+    log = FakeLog({A0: [0, 1, 2]}, out_of_range=True)  # recreated: the range 8-12 is beyond it
+    with pytest.raises(DataLossError, match="out of range though the partition starts at 0"):
+        read_all(scanning_reader(log), log, 8, 12)
+    log = FakeLog({A0: [0, 1, 2]}, out_of_range=True)
+    assert read_all(scanning_reader(log, fail_on_data_loss=False), log, 8, 12) == []

@@ -1,0 +1,183 @@
+"""The typing planner: events of one aggregate type → typed rows, new columns, set-aside rows.
+
+Pure (no I/O): given the parsed events of a batch and the typed table's columns so far, it
+decides, row by row, what each payload field becomes. Every decision about one row stays
+with that row: a payload the table cannot hold (see :mod:`outbox.core.lake_contract`), a
+field whose type changed, a name that differs only in case from a column, or anything else
+that goes wrong while typing it, sets *that row* aside with the reason; the batch goes on.
+
+Column types: JSON booleans → boolean, integers → bigint, other numbers → double, strings →
+string, objects and arrays → their JSON text. An integer fits a double column (widened); a
+double never narrows into a bigint column. Types are decided by the first row that brings a
+field (in the batch's offset order), then kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from outbox.core.lake_contract import column_name_problem, scalar_problem
+
+__all__ = ["TYPED_BASE", "TypedPlan", "plan_typed_rows"]
+
+TYPED_BASE = [
+    ("event_id", pa.string()),
+    ("aggregate_type", pa.string()),
+    ("aggregate_id", pa.string()),
+    ("event_type", pa.string()),
+    ("position", pa.int64()),
+    ("event_time", pa.timestamp("us", tz="UTC")),
+    ("event_date", pa.date32()),
+]
+_BASE_NAMES = [name for name, _ in TYPED_BASE]
+
+
+@dataclass
+class TypedPlan:
+    schema: pa.Schema
+    """The base columns and every payload column the accepted rows use."""
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """Typed rows, each cell already of its column's type."""
+    rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    """(event row, reason) for each row set aside."""
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_pylist(self.rows, schema=self.schema)
+
+
+class _Refused(Exception):
+    """One row cannot be typed; the message is the reason."""
+
+
+def _column_type(value: Any) -> pa.DataType:
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int):
+        return pa.int64()
+    if isinstance(value, float):
+        return pa.float64()
+    return pa.string()
+
+
+def _cell(name: str, value: Any) -> Any:
+    """The value as its column stores it; :class:`_Refused` when it cannot be stored."""
+    problem = scalar_problem(name, value)
+    if problem is not None:
+        raise _Refused(problem)
+    if isinstance(value, dict | list):
+        try:
+            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            text.encode("utf-8")
+        except (ValueError, UnicodeEncodeError) as error:
+            raise _Refused(f"payload field {name!r} cannot be kept as JSON text: {error}") from None
+        except RecursionError:
+            raise _Refused(f"payload field {name!r} is nested too deeply") from None
+        return text
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _load(payload_text: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(payload_text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise _Refused("the payload is nested too deeply to type") from None
+    if not isinstance(payload, dict):
+        raise _Refused("the payload is not a JSON object: it has no typed row")
+    return payload
+
+
+def plan_typed_rows(
+    events: list[dict[str, Any]], existing: dict[str, pa.DataType], table_name: str
+) -> TypedPlan:
+    """Type ``events`` (parsed rows of one aggregate type, in offset order) for the table
+    whose payload columns so far are ``existing`` (name → Arrow type)."""
+    columns: dict[str, pa.DataType] = {}
+    by_lower = {name.lower(): name for name in [*_BASE_NAMES, *existing]}
+    plan = TypedPlan(schema=pa.schema(TYPED_BASE))
+    for event in events:
+        try:
+            cells, new = _type_row(event, existing, columns, by_lower, table_name)
+        except _Refused as refused:
+            plan.rejected.append((event, str(refused)))
+            continue
+        except Exception as error:  # whatever one row does, it stays that row's problem
+            plan.rejected.append((event, f"cannot type this row: {type(error).__name__}: {error}"))
+            continue
+        for name, kind in new.items():
+            columns[name] = kind
+            by_lower[name.lower()] = name
+        plan.rows.append({**{name: event.get(name) for name in _BASE_NAMES}, **cells})
+    plan.schema = pa.schema(
+        TYPED_BASE + [(name, existing.get(name, kind)) for name, kind in sorted(columns.items())]
+    )
+    _keep_storable(plan, events)
+    return plan
+
+
+def _keep_storable(plan: TypedPlan, events: list[dict[str, Any]]) -> None:
+    """Whatever slipped through the checks above and Arrow still refuses: that row only."""
+    try:
+        plan.table()
+        return
+    except (pa.ArrowException, ValueError, TypeError, OverflowError):
+        pass
+    accepted = [event for event in events if not any(event is r for r, _ in plan.rejected)]
+    rows = []
+    for event, row in zip(accepted, plan.rows, strict=True):
+        try:
+            pa.Table.from_pylist([row], schema=plan.schema)
+            rows.append(row)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as error:
+            plan.rejected.append((event, f"cannot store this row: {type(error).__name__}: {error}"))
+    plan.rows = rows
+
+
+def _type_row(
+    event: dict[str, Any],
+    existing: dict[str, pa.DataType],
+    columns: dict[str, pa.DataType],
+    by_lower: dict[str, str],
+    table_name: str,
+) -> tuple[dict[str, Any], dict[str, pa.DataType]]:
+    payload = _load(event["payload"])
+    cells: dict[str, Any] = {}
+    new: dict[str, pa.DataType] = {}
+    row_lower: dict[str, str] = {}
+    for name, value in payload.items():
+        problem = column_name_problem(name)
+        if problem is not None:
+            raise _Refused(problem)
+        twin = row_lower.setdefault(name.lower(), name)
+        if twin != name:
+            raise _Refused(
+                f"payload fields {twin!r} and {name!r} differ only in case: a lake column "
+                "name is compared without case"
+            )
+        if value is None:
+            continue
+        cell = _cell(name, value)
+        kind = _column_type(value)
+        known = existing.get(name) or columns.get(name) or new.get(name)
+        if known is None:
+            column = by_lower.get(name.lower())
+            if column is not None and column != name:
+                raise _Refused(
+                    f"payload field {name!r} differs only in case from the column {column!r} "
+                    f"of {table_name}: rename the field"
+                )
+            new[name] = kind
+        elif kind != known:
+            if pa.types.is_integer(kind) and pa.types.is_floating(known):
+                cell = float(cell)
+            else:
+                raise _Refused(f"payload field {name!r} is {kind} here but {known} in {table_name}")
+        cells[name] = cell
+    return cells, new

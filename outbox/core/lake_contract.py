@@ -1,0 +1,132 @@
+"""What the lake can type: the rules a payload must follow to land in its typed table.
+
+The lake keeps every event in ``events`` with its payload exactly as committed. It also
+writes each event's top-level payload fields as columns of ``aggregate_<type>``; a payload
+that breaks one of these rules lands in ``events`` all the same, and its typed row goes to
+``quarantine`` with the reason. The SDK checks the same rules at publish time
+(``OUTBOX_LAKE_CONTRACT``: ``warn`` by default, ``strict`` to refuse, ``off``), so a payload
+the typed table would set aside is caught in the application's own tests.
+
+One definition, used by both: the lake's typing planner (lake/typed_rows.py) and the SDK.
+(Pure: standard library only.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_COLUMN_NAME",
+    "TYPED_BASE_COLUMNS",
+    "column_name_problem",
+    "payload_problems",
+    "scalar_problem",
+]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+MAX_COLUMN_NAME = 255
+
+TYPED_BASE_COLUMNS = (
+    "event_id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "position",
+    "event_time",
+    "event_date",
+)
+"""The columns every typed table has before the payload's own; a payload field may not take
+one of these names, in any case."""
+
+_RESERVED = frozenset(name.lower() for name in TYPED_BASE_COLUMNS)
+# Characters a Delta column name may not hold without column mapping (Spark refuses them),
+# and the backtick, which quotes names in SQL.
+_FORBIDDEN = frozenset(" ,;{}()\n\t=`")
+
+
+def column_name_problem(name: str) -> str | None:
+    """Why the payload field ``name`` cannot be a typed column, or ``None``."""
+    if not name:
+        return "an empty field name cannot be a column"
+    if len(name) > MAX_COLUMN_NAME:
+        return f"field name {name[:40]!r}... is longer than {MAX_COLUMN_NAME} characters"
+    if name.lower() in _RESERVED:
+        return (
+            f"payload field {name!r} clashes with the lake column {name.lower()!r} "
+            "(names are compared without case): rename the field"
+        )
+    bad = sorted({char for char in name if char in _FORBIDDEN or not char.isprintable()})
+    if bad:
+        return (
+            f"payload field {name!r} has characters a Delta column name cannot hold "
+            f"({''.join(bad)!r}): use letters, digits, '_', '-' or '.'"
+        )
+    if not _is_utf8(name):
+        return f"payload field {name!r} is not valid Unicode text (a lone surrogate)"
+    return None
+
+
+def scalar_problem(name: str, value: Any) -> str | None:
+    """Why a top-level value cannot be stored in a typed column, or ``None``."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            return (
+                f"payload field {name!r} = {value} is outside a 64-bit integer's range: send it "
+                "as a string (or a Decimal, which the SDK writes as an exact string)"
+            )
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return (
+                f"payload field {name!r} is too large for a double (it reads as {value}): "
+                "send it as a string; events.payload keeps the exact text"
+            )
+        return None
+    if isinstance(value, str) and not _is_utf8(value):
+        return f"payload field {name!r} holds text that is not valid Unicode (a lone surrogate)"
+    return None
+
+
+def payload_problems(payload: Any) -> list[str]:
+    """Every reason the lake's typed table would set this payload's row aside.
+
+    Checked per event; a field whose type differs from earlier events of the same aggregate
+    type (a number here, a string there) is only known to the lake, and quarantined there.
+    """
+    if not isinstance(payload, Mapping):
+        return [
+            f"the payload is a JSON {type(payload).__name__}, not an object: it lands in "
+            "events.payload but has no typed row"
+        ]
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for name, value in payload.items():
+        if not isinstance(name, str):
+            problems.append(f"payload field {name!r} is not a string")
+            continue
+        problem = column_name_problem(name) or scalar_problem(name, value)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        other = seen.setdefault(name.lower(), name)
+        if other != name:
+            problems.append(
+                f"payload fields {other!r} and {name!r} differ only in case: a lake column "
+                "name is compared without case; rename one"
+            )
+    return problems
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,528 @@
+"""Lake integrity on the native stack: no record halts the job, no operator step skips data,
+commit order kept end to end. Read back with ``deltalake``, never with Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from lake.delta_sink import typed_table_name
+from outbox import Event, Outbox, new_event_id
+from outbox.core.contract import record_for, topic_for
+from tests.cli import run_outbox
+from tests.fix_postgres import ROOT
+from tests.fix_relay import RelayBench, wait_until
+from tests.fix_stack import KafkaServices
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def env_for(root: Path, prefix: str, bootstrap: str, **extra: str) -> dict[str, str]:
+    return {
+        "OUTBOX_LAKE_ROOT": str(root),
+        "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{prefix}.*",
+        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
+        **extra,
+    }
+
+
+def ingest(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return run_outbox("lake", "ingest", "--available-now", env=env, timeout=400)
+
+
+def ingested(env: dict[str, str]) -> None:
+    done = ingest(env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "Traceback" not in done.stderr, done.stderr[-4000:]
+
+
+def rows(root: Path, table: str) -> list[dict[str, Any]]:
+    return DeltaTable(str(root / table)).to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Sent:
+    topic: str
+    partition: int
+    offset: int
+    event_id: str | None
+    """Set for a record that follows the contract: it must land in events."""
+
+
+def send(bootstrap: str, records: list[tuple[str, bytes | None, bytes | None, list[Any]]]) -> list:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, max_request_size=8_000_000)
+    try:
+        futures = [
+            producer.send(topic, key=key, value=value, headers=headers)
+            for topic, key, value, headers in records
+        ]
+        producer.flush()
+        return [future.get(timeout=30) for future in futures]
+    finally:
+        producer.close()
+
+
+def contract_record(aggregate_type: str, payload_text: str, **parts: Any) -> Any:
+    return record_for(
+        event_id=parts.get("event_id", new_event_id()),
+        aggregate_type=aggregate_type,
+        aggregate_id=parts.get("aggregate_id", "1"),
+        event_type=parts.get("event_type", "Happened"),
+        payload_text=payload_text,
+        headers_text="{}",
+        traceparent="",
+        position=parts.get("position", 1),
+    )
+
+
+# -- no record stops the stream -------------------------------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+HARD_PAYLOADS = [
+    '{"big": 9223372036854775808}',
+    '{"small": -9223372036854775809}',
+    '{"x": 1e400}',
+    '{"Total": 1, "total": 2}',
+    '{"EVENT_ID": "mine"}',
+    '{"a b": 1, "c=d": 2}',
+    '{"s": "\\ud800"}',
+    "[1, 2]",
+    '"just text"',
+]
+DEEP = '{"deep": ' + "[" * 3000 + "]" * 3000 + "}"
+
+
+@dataclass(frozen=True)
+class Drawn:
+    kind: str  # "event" (must land in events) or "junk" (must land in quarantine)
+    aggregate: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    twice: bool
+
+
+def drawn_records() -> st.SearchStrategy[Drawn]:
+    payload = st.one_of(
+        st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=6).map(json.dumps),
+        JSON_VALUES.map(json.dumps),
+        st.sampled_from(HARD_PAYLOADS),
+    )
+    event = st.builds(
+        lambda text, aggregate, key, twice: (text, aggregate, key, twice),
+        payload,
+        st.integers(0, 2),
+        st.text(max_size=12),
+        st.booleans(),
+    ).map(
+        lambda drawn: Drawn(
+            "event",
+            drawn[1],
+            drawn[2].encode(),
+            drawn[0].encode(),
+            list(contract_record("x", drawn[0], aggregate_id=drawn[2]).headers),
+            drawn[3],
+        )
+    )
+    header = st.tuples(
+        st.text(min_size=1, max_size=10).filter(lambda name: name != "id"),
+        st.binary(max_size=20),
+    )
+    junk = st.builds(
+        lambda aggregate, key, value, headers: Drawn("junk", aggregate, key, value, headers, False),
+        st.integers(0, 2),
+        st.none() | st.binary(max_size=30),
+        st.none() | st.binary(max_size=60),
+        st.lists(header, max_size=4),
+    ).filter(lambda record: record.key is not None or record.value is not None)
+    broken = event.flatmap(
+        lambda good: st.sampled_from(
+            [
+                ("key", b"\xff\xfe"),
+                ("eventType", b"\xc3("),
+                ("headers", b"{not json"),
+                ("id", b"not-a-uuid"),
+                ("position", b"-1"),
+                ("value", b'{"nan": NaN}'),
+            ]
+        ).map(lambda change: _broken(good, *change))
+    )
+    return st.one_of(event, event, junk, broken)
+
+
+def _broken(good: Drawn, part: str, bad: bytes) -> Drawn:
+    if part == "key":
+        return Drawn("junk", good.aggregate, bad, good.value, good.headers, False)
+    if part == "value":
+        return Drawn("junk", good.aggregate, good.key, bad, good.headers, False)
+    headers = [(name, bad if name == part else value) for name, value in good.headers]
+    return Drawn("junk", good.aggregate, good.key, good.value, headers, False)
+
+
+def test_no_record_however_malformed_stops_the_lake(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    """Hypothesis draws the records (valid events with arbitrary payloads, corrupted contract
+    records, arbitrary bytes); one real job ingests them all."""
+    drawn: list[Drawn] = []
+
+    @settings(
+        max_examples=250, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(drawn_records())
+    def collect(record: Drawn) -> None:
+        drawn.append(record)
+
+    collect()
+    prefix = f"h{uuid.uuid4().hex[:8]}"
+    types = [f"{prefix}a", f"{prefix}B", f"{prefix}.c"]
+    outgoing = []
+    for record in drawn:
+        copies = 2 if record.twice else 1
+        for _ in range(copies):
+            outgoing.append(
+                (topic_for(types[record.aggregate]), record.key, record.value, record.headers)
+            )
+    metadata = send(kafka_services.bootstrap_servers, outgoing)
+    sent: list[Sent] = []
+    flat = [record for record in drawn for _ in range(2 if record.twice else 1)]
+    for record, meta in zip(flat, metadata, strict=True):
+        event_id = dict(record.headers)["id"].decode() if record.kind == "event" else None
+        sent.append(Sent(meta.topic, meta.partition, meta.offset, event_id))
+
+    root = tmp_path / "lake"
+    env = env_for(root, prefix, kafka_services.bootstrap_servers)
+    ingested(env)
+
+    events = rows(root, "events")
+    event_ids = [row["event_id"] for row in events]
+    expected = {s.event_id for s in sent if s.event_id is not None}
+    assert len(event_ids) == len(set(event_ids)), "an event landed twice"
+    assert set(event_ids) == expected
+    quarantine = rows(root, "quarantine")
+    set_aside = {
+        (q["topic"], q["partition"], q["offset"])
+        for q in quarantine
+        if q["target_table"] == "events"
+    }
+    junk = {(s.topic, s.partition, s.offset) for s in sent if s.event_id is None}
+    assert set_aside == junk
+    assert all(q["reason"] for q in quarantine)
+    # Each event has its typed row, or its typed row is in quarantine with the reason: once.
+    typed_ids: list[str] = []
+    for aggregate_type in types:
+        name = typed_table_name(aggregate_type)
+        if (root / name).exists():
+            typed = rows(root, name)
+            assert {row["aggregate_type"] for row in typed} <= {aggregate_type}
+            typed_ids += [row["event_id"] for row in typed]
+    typed_ids += [q["event_id"] for q in quarantine if q["target_table"] != "events"]
+    assert sorted(typed_ids) == sorted(expected)
+    reasons = " | ".join(q["reason"] for q in quarantine)
+    for hard in ("outside a 64-bit integer", "too large for a double", "differ only in case"):
+        if hard_payload_drawn(drawn, hard):
+            assert hard in reasons
+
+
+def hard_payload_drawn(drawn: list[Drawn], reason: str) -> bool:
+    marker = {
+        "outside a 64-bit integer": b"9223372036854775808",
+        "too large for a double": b"1e400",
+        "differ only in case": b'"Total"',
+    }[reason]
+    return any(record.kind == "event" and marker in (record.value or b"") for record in drawn)
+
+
+def test_the_hard_cases_each_land_in_events_with_their_typed_row_set_aside(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    prefix = f"x{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}order"
+    records = [contract_record(aggregate_type, text) for text in [*HARD_PAYLOADS, DEEP]]
+    big = contract_record(aggregate_type, '{"blob": "' + "z" * 1_500_000 + '"}')
+    send(
+        kafka_services.bootstrap_servers,
+        [(r.topic, r.key, r.value, list(r.headers)) for r in [*records, big]],
+    )
+    root = tmp_path / "lake"
+    ingested(
+        env_for(
+            root,
+            prefix,
+            kafka_services.bootstrap_servers,
+            OUTBOX_LAKE_MAX_BYTES_PER_BATCH=str(2**20),
+        )
+    )
+    events = {row["event_id"]: row for row in rows(root, "events")}
+    ids = [str(uuid.UUID(dict(r.headers)["id"].decode())) for r in records]
+    deep = ids[-1]
+    assert set(events) == {*ids[:-1], str(uuid.UUID(dict(big.headers)["id"].decode()))}
+    assert events[ids[0]]["payload"] == HARD_PAYLOADS[0]  # the exact text, beyond int64
+    assert events[ids[2]]["payload"] == '{"x": 1e400}'  # not "Infinity"
+    quarantine = {q["event_id"]: q["reason"] for q in rows(root, "quarantine")}
+    assert "nested too deeply" in quarantine[deep]
+    assert "'big' = 9223372036854775808 is outside a 64-bit integer" in quarantine[ids[0]]
+    assert "'x' is too large for a double" in quarantine[ids[2]]
+    assert "'Total' and 'total' differ only in case" in quarantine[ids[3]]
+    assert "clashes with the lake column 'event_id'" in quarantine[ids[4]]
+
+
+# -- operator steps that must not skip data -------------------------------------------------
+
+
+def test_a_deleted_checkpoint_re_reads_and_lands_new_events_exactly_once(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    prefix = f"c{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}order"
+    first = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(40)]
+    bootstrap = kafka_services.bootstrap_servers
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in first])
+    root = tmp_path / "lake"
+    env = env_for(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="10")
+    ingested(env)
+    assert len(rows(root, "events")) == 40
+    assert len(list((root / "events" / "_delta_log").glob("*.json"))) >= 4  # several batches
+
+    shutil.rmtree(root / "_checkpoints")  # "safe: the sink dedups", thought the operator
+    later = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(40, 45)]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in later])
+    ingested(env)
+
+    for table in ("events", typed_table_name(aggregate_type)):
+        ids = [row["event_id"] for row in rows(root, table)]
+        assert len(ids) == len(set(ids)) == 45, table
+    assert not (root / "quarantine").exists()
+    # The events table records how far it has taken each partition.
+    events = rows(root, "events")
+    history = DeltaTable(str(root / "events"))
+    for partition in {row["partition"] for row in events}:
+        last = max(row["offset"] for row in events if row["partition"] == partition)
+        app = f"outbox-lake:{topic_for(aggregate_type)}:{partition}"
+        assert history.transaction_version(app) == last + 1
+
+
+def test_typed_tables_of_types_with_alike_names_never_share_or_drop_rows(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    types = [
+        f"{prefix}Order",
+        f"{prefix}order",
+        f"{prefix}order.v2",
+        f"{prefix}order_v2",
+        f"{prefix}order-v2",
+    ]
+    records = [contract_record(t, json.dumps({"n": n, "type": t})) for t in types for n in range(3)]
+    bootstrap = kafka_services.bootstrap_servers
+    root = tmp_path / "lake"
+    # A table already taken by another type (as two types that once mapped to one name did).
+    intruder = f"{prefix}intruder"
+    write_deltalake(
+        str(root / typed_table_name(intruder)),
+        pa.table({"event_id": ["x"], "event_date": pa.array([None], pa.date32())}),
+        name="someone-else",
+    )
+    records += [contract_record(intruder, json.dumps({"n": 1}))]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
+    ingested(env_for(root, prefix, bootstrap))
+
+    names = {typed_table_name(t) for t in types}
+    assert len(names) == len(types)
+    for aggregate_type in types:
+        typed = rows(root, typed_table_name(aggregate_type))
+        assert len(typed) == 3 and {row["type"] for row in typed} == {aggregate_type}
+        assert {row["aggregate_type"] for row in typed} == {aggregate_type}
+        assert (
+            DeltaTable(str(root / typed_table_name(aggregate_type))).metadata().name
+            == aggregate_type
+        )
+    (refused,) = [
+        q for q in rows(root, "quarantine") if q["target_table"] == typed_table_name(intruder)
+    ]
+    assert "holds aggregate type 'someone-else'" in refused["reason"]
+    assert len(rows(root, "events")) == len(records)
+
+
+def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}order"
+    topic = topic_for(aggregate_type)
+    bootstrap = kafka_services.bootstrap_servers
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        old = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(10)]
+        send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in old])
+        root = tmp_path / "lake"
+        env = env_for(root, prefix, bootstrap)
+        ingested(env)
+        admin.delete_topics([topic])
+        wait_until(lambda: topic not in admin.list_topics(), timeout=30, what="topic deleted")
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+    new = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(100, 103)]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in new])
+
+    refused = ingest(env)
+    assert refused.returncode != 0
+    assert f"{topic}[0]" in refused.stderr and "recreated" in refused.stderr
+    assert "OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false" in refused.stderr
+    assert len(rows(root, "events")) == 10  # nothing skipped silently
+
+    ingested({**env, "OUTBOX_LAKE_FAIL_ON_DATA_LOSS": "false"})
+    ids = [row["event_id"] for row in rows(root, "events")]
+    assert len(ids) == len(set(ids)) == 13
+
+
+# -- commit order ------------------------------------------------------------------------
+
+
+def test_events_are_in_commit_order_by_position_though_event_time_differs(
+    relay_bench: RelayBench, tmp_path: Path
+) -> None:
+    """Writers build their events before their transaction takes the aggregate's row lock,
+    as applications do; the lake's position order is commit order, event_time's is not."""
+    prefix = f"o{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}account"
+    conninfo = relay_bench.database.conninfo
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute(f"CREATE TABLE {prefix} (id int PRIMARY KEY, version int NOT NULL)")
+        connection.execute(f"INSERT INTO {prefix} SELECT g, 0 FROM generate_series(0, 3) g")
+
+    def write(aggregate: int, built: threading.Event | None, go: threading.Event | None) -> None:
+        event = Event(aggregate_type, str(aggregate), "Moved", {"version": None})
+        if built is not None:
+            built.set()
+        if go is not None:
+            assert go.wait(30)
+        with psycopg.connect(conninfo) as connection, connection.transaction():
+            (version,) = connection.execute(
+                f"UPDATE {prefix} SET version = version + 1 WHERE id = %s RETURNING version",
+                (aggregate,),
+            ).fetchone()  # type: ignore[misc]
+            stamped = Event(
+                event.aggregate_type,
+                event.aggregate_id,
+                event.event_type,
+                {"version": version},
+                event_id=event.event_id,
+            )
+            Outbox().publish(connection, stamped)
+
+    # Deterministic inversions: the first event is built first and committed second.
+    for aggregate in range(4):
+        for _ in range(3):
+            built, go = threading.Event(), threading.Event()
+            early = threading.Thread(target=write, args=(aggregate, built, go))
+            early.start()
+            assert built.wait(30)
+            write(aggregate, None, None)
+            go.set()
+            early.join(30)
+    # And concurrent writers on the same aggregates.
+    threads = [
+        threading.Thread(target=lambda a=a: [write(a % 4, None, None) for _ in range(10)])
+        for a in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    with relay_bench.in_thread():
+        wait_until(lambda: relay_bench.undelivered() == 0, timeout=120, what="relayed")
+    root = tmp_path / "lake"
+    ingested(env_for(root, prefix, relay_bench.kafka.bootstrap_servers))
+
+    events = rows(root, "events")
+    typed = rows(root, typed_table_name(aggregate_type))
+    assert len(events) == len(typed) == 4 * (6 + 20)
+    for aggregate in map(str, range(4)):
+        mine = [row for row in events if row["aggregate_id"] == aggregate]
+        by_position = [
+            json.loads(row["payload"])["version"]
+            for row in sorted(mine, key=lambda r: r["position"])
+        ]
+        assert by_position == list(range(1, len(mine) + 1))
+        by_time = [
+            json.loads(row["payload"])["version"]
+            for row in sorted(mine, key=lambda r: (r["event_time"], r["event_id"]))
+        ]
+        assert by_time != by_position, "event_time order should differ here"
+        typed_mine = sorted(
+            (row for row in typed if row["aggregate_id"] == aggregate), key=lambda r: r["position"]
+        )
+        assert [row["version"] for row in typed_mine] == by_position
+
+
+# -- a clean stop ----------------------------------------------------------------------------
+
+
+def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    prefix = f"s{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}order"
+    bootstrap = kafka_services.bootstrap_servers
+    records = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(6000)]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
+    root = tmp_path / "lake"
+    env = env_for(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="500")
+    log = tmp_path / "ingest.log"
+    with log.open("wb") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "lake", "ingest"],
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        events_log = root / "events" / "_delta_log"
+        wait_until(
+            lambda: events_log.exists() and len(list(events_log.glob("*.json"))) >= 2,
+            timeout=240,
+            what="a few batches landed",
+        )
+        os.kill(job.pid, signal.SIGTERM)  # the driver only, as a container runtime does
+        assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+    assert "stopped on SIGTERM" in log.read_text()
+    landed = len(rows(root, "events"))
+    assert 0 < landed < 6000, "stopped too late to prove anything"
+    ingested(env)
+    ids = [row["event_id"] for row in rows(root, "events")]
+    assert len(ids) == len(set(ids)) == 6000

@@ -1,0 +1,154 @@
+"""The typing planner, the SDK's lake contract, and typed table names (pure: no Spark, no I/O)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, date, datetime
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lake.delta_sink import first_copies, typed_table_name
+from lake.typed_rows import plan_typed_rows
+from outbox.core.lake_contract import payload_problems
+
+
+def event(payload_text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "event_id": str(uuid.uuid4()),
+        "aggregate_type": "order",
+        "aggregate_id": "1",
+        "event_type": "Placed",
+        "position": 1,
+        "event_time": datetime(2026, 11, 23, tzinfo=UTC),
+        "event_date": date(2026, 11, 23),
+        "payload": payload_text,
+        **extra,
+    }
+
+
+def reasons(plan: Any) -> list[str]:
+    return [reason for _, reason in plan.rejected]
+
+
+def test_each_untypable_row_is_set_aside_with_a_reason_naming_the_field() -> None:
+    rows = [
+        event('{"ok": 1, "name": "a"}'),
+        event('{"big": 9223372036854775808}'),
+        event('{"huge": 1e400}'),
+        event('{"Total": 1, "total": 2}'),
+        event('{"EVENT_ID": "x"}'),
+        event('{"a b": 1}'),
+        event('{"nested": {"x": 1e400}}'),
+        event("[1, 2]"),
+        event('{"deep": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+    ]
+    plan = plan_typed_rows(rows, {}, "aggregate_order")
+    assert [row["event_id"] for row in plan.rows] == [rows[0]["event_id"]]
+    found = reasons(plan)
+    assert len(found) == len(rows) - 1
+    for expected in (
+        "'big'",
+        "'huge' is too large for a double",
+        "'Total' and 'total' differ only in case",
+        "clashes with the lake column 'event_id'",
+        "'a b' has characters",
+        "'nested' cannot be kept as JSON text",
+        "not a JSON object",
+        "nested too deeply",
+    ):
+        assert any(expected in reason for reason in found), (expected, found)
+    assert plan.table().num_rows == 1
+
+
+def test_types_are_kept_across_batches_ints_widen_and_case_twins_are_refused() -> None:
+    existing = {"Total": pa.float64(), "count": pa.int64()}
+    rows = [
+        event('{"Total": 3, "count": 2}'),
+        event('{"count": 2.5}'),
+        event('{"total": 1.0}'),
+        event('{"new": "x"}'),
+        event('{"new": 1}'),
+    ]
+    plan = plan_typed_rows(rows, existing, "aggregate_order")
+    assert [row.get("Total") for row in plan.rows] == [3.0, None]
+    assert isinstance(plan.rows[0]["Total"], float)
+    found = reasons(plan)
+    assert "'count' is double here but int64" in found[0]
+    assert "differs only in case from the column 'Total'" in found[1]
+    assert "'new' is int64 here but string" in found[2]
+    assert plan.schema.field("new").type == pa.string()
+    assert plan.schema.names[:7] == [
+        "event_id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "position",
+        "event_time",
+        "event_date",
+    ]
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=10,
+)
+payloads = st.dictionaries(st.text(max_size=8), json_values, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(payloads | json_values, max_size=8))
+def test_every_row_is_typed_or_set_aside_never_both_and_never_raises(payloads: list[Any]) -> None:
+    rows = [event(json.dumps(payload)) for payload in payloads]
+    plan = plan_typed_rows(rows, {}, "aggregate_order")
+    typed = [row["event_id"] for row in plan.rows]
+    rejected = [row["event_id"] for row, _ in plan.rejected]
+    assert sorted(typed + rejected) == sorted(row["event_id"] for row in rows)
+    assert plan.table().num_rows == len(typed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values | payloads)
+def test_a_payload_the_sdk_accepts_is_typed_by_the_lake(payload: Any) -> None:
+    """The schema contract: what the SDK's check passes, a fresh typed table takes."""
+    plan = plan_typed_rows([event(json.dumps(payload))], {}, "aggregate_order")
+    if not payload_problems(payload):
+        assert len(plan.rows) == 1, reasons(plan)
+    else:
+        assert len(plan.rejected) == 1
+
+
+def test_typed_table_names_never_collide() -> None:
+    types = ["order", "Order", "ORDER", "order.v2", "order_v2", "order-v2", "order__v2", "o"]
+    names = [typed_table_name(t) for t in types]
+    assert len(set(names)) == len(types), names
+    assert typed_table_name("order") == "aggregate_order"
+    assert typed_table_name("order_v2") == "aggregate_order_v2"
+    assert typed_table_name("Order").startswith("aggregate_order__")
+
+
+@given(st.text(min_size=1, max_size=20), st.text(min_size=1, max_size=20))
+def test_distinct_types_get_distinct_tables(first: str, second: str) -> None:
+    if first != second:
+        assert typed_table_name(first) != typed_table_name(second)
+
+
+def test_the_copy_with_the_lowest_offset_is_kept() -> None:
+    table = pa.table(
+        {
+            "event_id": ["b", "a", "b", "a", "c"],
+            "topic": ["t"] * 5,
+            "partition": [0] * 5,
+            "offset": [9, 7, 3, 8, 1],
+        }
+    )
+    kept = first_copies(table).to_pylist()
+    assert [(row["event_id"], row["offset"]) for row in kept] == [("c", 1), ("b", 3), ("a", 7)]
