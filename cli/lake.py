@@ -29,7 +29,23 @@ def ingest(
 
     settings = load(LakeSettings)
     configure_json_logging("INFO")
-    run_ingest(settings, bootstrap_servers(), available_now=available_now)
+    try:
+        run_ingest(settings, bootstrap_servers(), available_now=available_now)
+    except Exception as error:
+        # Spark hands the source's errors back as Java exceptions whose text holds the
+        # Python one; ops get its first line, and the full trace is in the log above.
+        reason = _python_error_in(str(error)) or f"{type(error).__name__}: {error}"
+        typer.secho(f"lake ingest stopped: {reason}", err=True, fg="red")
+        raise typer.Exit(1) from None
+
+
+def _python_error_in(text: str) -> str | None:
+    """``DataLossError: ...`` (or another error of ours) from a Spark exception's text."""
+    for name in ("DataLossError", "TimeoutError", "ConfigurationError"):
+        marker = f"{name}: "
+        if marker in text:
+            return name + ": " + text.split(marker, 1)[1].split("\n", 1)[0].strip()
+    return None
 
 
 @app.command()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -34,6 +35,7 @@ import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError
 
 from lake.delta_tables import columns_of, insert_new_rows, open_table
+from lake.metrics import LakeMetrics
 from lake.progress import Ends, batch_ends, forward_transactions
 from lake.records import EVENT_COLUMNS, parsed_arrow_schema
 from lake.settings import LakeSettings
@@ -122,13 +124,15 @@ def first_copies(events: pa.Table) -> pa.Table:
 class DeltaSink:
     """Writes parsed micro-batches to the lake tables; every write is idempotent."""
 
-    def __init__(self, settings: LakeSettings) -> None:
+    def __init__(self, settings: LakeSettings, metrics: LakeMetrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics if metrics is not None else LakeMetrics()
 
     # -- the batch -------------------------------------------------------------------------
 
     def write_spark_batch(self, frame: Any, batch_id: int) -> None:
         """``foreachBatch`` body: parse in Spark (one job), then :meth:`write`."""
+        started = time.monotonic()
         parsed = parsed_frame(frame).toArrow()
         is_event = pc.equal(parsed.column("kind"), "event")
         events = parsed.filter(is_event)
@@ -139,6 +143,7 @@ class DeltaSink:
             quarantined=quarantined if quarantined.num_rows else None,
             ends=batch_ends(parsed),
         )
+        self.metrics.batch_seconds.observe(time.monotonic() - started)
 
     def write(
         self,
@@ -161,6 +166,9 @@ class DeltaSink:
         for attempt in range(1, _COMMIT_ATTEMPTS + 1):
             try:
                 self._write_once(events=events, quarantined=quarantined, ends=ends)
+                self.metrics.batches.inc()
+                self.metrics.completed_batches += 1
+                self.metrics.last_batch_time.set_to_current_time()
                 return
             except CommitFailedError as conflict:
                 if attempt == _COMMIT_ATTEMPTS:
@@ -171,6 +179,7 @@ class DeltaSink:
         self, *, events: pa.Table | None, quarantined: pa.Table | None, ends: Ends
     ) -> None:
         set_aside: list[dict[str, Any]] = []
+        offered = 0 if events is None else events.num_rows
         if events is not None and events.num_rows:
             events = first_copies(events)
             for aggregate_type, rows in self._by_type(events).items():
@@ -178,7 +187,12 @@ class DeltaSink:
         records = [] if quarantined is None else quarantined.to_pylist()
         self._write_quarantine(records, set_aside, ends)
         if events is not None and events.num_rows:
-            self._write_events(events, ends)
+            landed = self._write_events(events, ends)
+            self.metrics.events.inc(landed)
+            self.metrics.duplicates.inc(max(0, offered - landed))
+            newest = pc.max(events.column("event_time")).as_py()
+            if newest is not None:
+                self.metrics.saw_events(newest.timestamp())
 
     @staticmethod
     def _by_type(events: pa.Table) -> dict[str, list[dict[str, Any]]]:
@@ -189,11 +203,11 @@ class DeltaSink:
 
     # -- the tables ------------------------------------------------------------------------
 
-    def _write_events(self, events: pa.Table, ends: Ends) -> None:
+    def _write_events(self, events: pa.Table, ends: Ends) -> int:
         uri = self.settings.table_uri(EVENTS)
         table = open_table(uri)
         rows = events.select(EVENTS_SCHEMA.names).cast(EVENTS_SCHEMA)
-        insert_new_rows(
+        return insert_new_rows(
             uri,
             table,
             rows,
@@ -249,6 +263,8 @@ class DeltaSink:
         ]
         if not rows:
             return
+        self.metrics.quarantined.labels("record").inc(len(records))
+        self.metrics.quarantined.labels("typed").inc(len(set_aside))
         uri = self.settings.table_uri(QUARANTINE)
         table = open_table(uri)
         insert_new_rows(

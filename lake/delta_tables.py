@@ -39,8 +39,9 @@ def insert_new_rows(
     transactions: list[Transaction],
     by_day: bool,
     owner: str | None = None,
-) -> None:
-    """Create the table with ``rows``, or add those of ``rows`` whose ``key`` it lacks.
+) -> int:
+    """Create the table with ``rows``, or add those of ``rows`` whose ``key`` it lacks;
+    return how many rows were added.
 
     New columns of ``rows`` are added to the table (additive schema evolution). ``owner``
     names what the table holds (its Delta metadata name): set when it is created.
@@ -54,7 +55,7 @@ def insert_new_rows(
             name=owner,
             commit_properties=commit,
         )
-        return
+        return int(rows.num_rows)
     predicate = f"t.{key} = s.{key}"
     if by_day:
         days = sorted({day.isoformat() for day in rows.column("event_date").to_pylist()})
@@ -68,4 +69,5 @@ def insert_new_rows(
         merge_schema=True,
         commit_properties=commit,
     )
-    merger.when_not_matched_insert_all().execute()
+    outcome = merger.when_not_matched_insert_all().execute()
+    return int(outcome.get("num_target_rows_inserted", 0))

@@ -22,6 +22,7 @@ from typing import Any
 
 from lake.delta_sink import DeltaSink
 from lake.kafka_source import OutboxKafkaSource
+from lake.metrics import LakeMetrics
 from lake.settings import LakeSettings
 
 __all__ = ["read_raw", "run_ingest", "spark_session"]
@@ -92,7 +93,9 @@ def run_ingest(
 ) -> None:
     """Run the query: until caught up (``available_now``), or until stopped."""
     spark = spark or spark_session(settings)
-    write = sink or DeltaSink(settings).write_spark_batch
+    metrics = LakeMetrics()
+    write = sink or DeltaSink(settings, metrics).write_spark_batch
+    server = _serve_metrics(settings, metrics)
     writer = (
         read_raw(spark, settings, bootstrap_servers)
         .writeStream.queryName(settings.query_name.replace("-", "_"))
@@ -108,19 +111,85 @@ def run_ingest(
     query = writer.start()
     log.info("lake ingest started (checkpoint %s)", settings.checkpoint)
     stop = _StopOnSignal()
+    lag = _Lag(settings, bootstrap_servers, metrics)
     try:
         while query.isActive:
             query.awaitTermination(0.5)
             if stop.requested:
-                _stop_between_batches(query)
+                _stop_after_the_batch(query, metrics)
             elif available_now and _caught_up(query):
                 query.stop()
+            else:
+                lag.update(query.lastProgress)
     finally:
         stop.restore()
+        lag.close()
+        if server is not None:
+            server.shutdown()
     if query.exception() is not None:
         raise query.exception()
     if stop.requested:
         log.info("lake ingest stopped on %s, between two batches", stop.requested)
+
+
+def _serve_metrics(settings: LakeSettings, metrics: LakeMetrics) -> Any:
+    if not settings.metrics_port:
+        return None
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(
+        settings.metrics_port, addr=settings.metrics_address, registry=metrics.registry
+    )
+    log.info("metrics on http://%s:%d/metrics", settings.metrics_address, settings.metrics_port)
+    return server
+
+
+class _Lag:
+    """Consumer lag per partition, every few seconds, where broker end offsets are trusted."""
+
+    def __init__(self, settings: LakeSettings, bootstrap_servers: str, metrics: LakeMetrics):
+        self._on = settings.end_offsets == "broker"
+        self._bootstrap = bootstrap_servers
+        self._metrics = metrics
+        self._next = 0.0
+        self._consumer: Any = None
+
+    def update(self, progress: Any) -> None:
+        if not self._on or progress is None or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + 10.0
+        try:
+            self._measure(progress)
+        except Exception as error:  # a metric must never stop the job
+            log.warning("consumer lag not measured: %s", f"{type(error).__name__}: {error}")
+
+    def _measure(self, progress: Any) -> None:
+        import json
+
+        from kafka import KafkaConsumer, TopicPartition
+
+        at: dict[Any, int] = {}
+        for source in progress["sources"]:
+            offsets = source.get("endOffset") or {}
+            offsets = json.loads(offsets) if isinstance(offsets, str) else offsets
+            for topic, parts in offsets.items():
+                for partition, offset in parts.items():
+                    at[TopicPartition(topic, int(partition))] = int(offset)
+        if not at:
+            return
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(
+                bootstrap_servers=self._bootstrap.split(","),
+                group_id=None,
+                client_id="outbox-lake",
+                metrics_enabled=False,
+            )
+        for tp, end in self._consumer.end_offsets(list(at)).items():
+            self._metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, end - at[tp]))
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
 
 
 class _StopOnSignal:
@@ -141,11 +210,22 @@ class _StopOnSignal:
             signal.signal(number, handler)
 
 
-def _stop_between_batches(query: Any, patience_seconds: float = 120.0) -> None:
-    """Let the batch under way finish (its commits are idempotent either way), then stop."""
+def _stop_after_the_batch(
+    query: Any, metrics: LakeMetrics, patience_seconds: float = 120.0
+) -> None:
+    """Let the batch under way land (its commits are idempotent either way), then stop.
+
+    Stopped as soon as a batch completes after the request, or between two triggers; the
+    batch that may have started meanwhile is only reading Kafka, and is abandoned."""
+    done_before = metrics.completed_batches
     deadline = time.monotonic() + patience_seconds
-    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while (
+        query.isActive
+        and query.status["isTriggerActive"]
+        and metrics.completed_batches == done_before
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
     query.stop()
 
 

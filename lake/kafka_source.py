@@ -98,6 +98,9 @@ def _consumer(bootstrap_servers: str) -> Any:
         # Never jump: an offset that is out of range raises, and is reported as data loss.
         auto_offset_reset="none",
         client_id="outbox-lake",
+        # kafka-python's per-topic metrics map '.' to '_': topics 'a.b' and 'a_b' collide
+        # in its registry and the fetcher raises. We keep metrics of our own.
+        metrics_enabled=False,
     )
 
 
@@ -311,6 +314,10 @@ class _KafkaStreamReader(DataSourceStreamReader):
         for topic, parts in end.items():
             for number, stop in parts.items():
                 begin = start.get(topic, {}).get(number, 0)
+                if stop < begin:
+                    # Only after data loss that was skipped (failOnDataLoss=false): the topic
+                    # was recreated or truncated below the query; read it from its start.
+                    begin = 0
                 if stop > begin:
                     ranges.append(_Range(topic, int(number), begin, stop))
         return ranges

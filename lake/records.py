@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox.core.contract import ContractViolation, parse_record
+from outbox.core.contract import ContractViolation, event_id_of, parse_record
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -109,9 +109,18 @@ def parse_one(
             "event_date": event_time.date(),
         }
     except ContractViolation as violation:
-        return {**row, "kind": "quarantine", "reason": str(violation)}
+        reason = str(violation)
     except Exception as error:  # a record must never stop the stream
-        return {**row, "kind": "quarantine", "reason": f"{type(error).__name__}: {error}"}
+        reason = f"{type(error).__name__}: {error}"
+    return {**row, "kind": "quarantine", "reason": reason, "event_id": _event_id_or_none(headers)}
+
+
+def _event_id_or_none(headers: Sequence[tuple[str, bytes | None]]) -> str | None:
+    """The record's event id when its ``id`` header holds one (to find it in quarantine)."""
+    try:
+        return str(event_id_of(headers))
+    except Exception:
+        return None
 
 
 def parsed_arrow_schema() -> Any:

@@ -28,7 +28,9 @@ class LakeSettings(BaseSettings):
     on every broker, including the local one) or ``broker`` (trust the broker's end offsets:
     right for Apache Kafka, and cheaper). ``OUTBOX_LAKE_SPARK_BIND_ADDRESS``: the address the
     Spark driver listens on and advertises (``127.0.0.1``: loopback only; on a cluster, an
-    address the executors can reach).
+    address the executors can reach). ``OUTBOX_LAKE_METRICS_PORT``: port of the job's
+    ``/metrics`` (Prometheus; ``0``, the default: none), on ``OUTBOX_LAKE_METRICS_ADDRESS``
+    (``127.0.0.1``; ``0.0.0.0`` in a container).
     """
 
     model_config = SettingsConfigDict(env_prefix="OUTBOX_LAKE_", extra="ignore", frozen=True)
@@ -42,6 +44,8 @@ class LakeSettings(BaseSettings):
     spark_master: str = "local[2]"
     spark_bind_address: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
     query_name: str = "outbox-lake-ingest"
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_address: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
     end_offsets: Literal["scan", "broker"] = "scan"
 
     @field_validator("topic_pattern")

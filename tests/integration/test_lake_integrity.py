@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from lake.delta_sink import typed_table_name
 from outbox import Event, Outbox, new_event_id
 from outbox.core.contract import record_for, topic_for
 from tests.cli import run_outbox
-from tests.fix_postgres import ROOT
+from tests.fix_postgres import ROOT, free_port
 from tests.fix_relay import RelayBench, wait_until
 from tests.fix_stack import KafkaServices
 
@@ -497,7 +498,14 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
     records = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(6000)]
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
     root = tmp_path / "lake"
-    env = env_for(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="500")
+    port = free_port()
+    env = env_for(
+        root,
+        prefix,
+        bootstrap,
+        OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="500",
+        OUTBOX_LAKE_METRICS_PORT=str(port),
+    )
     log = tmp_path / "ingest.log"
     with log.open("wb") as out:
         job = subprocess.Popen(
@@ -514,6 +522,15 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
             timeout=240,
             what="a few batches landed",
         )
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        found = dict(
+            line.rsplit(" ", 1)
+            for line in metrics.decode().splitlines()
+            if line.startswith("outbox_lake_") and " " in line
+        )
+        assert float(found["outbox_lake_events_total"]) >= 500
+        assert 0 < float(found["outbox_lake_freshness_seconds"]) < 600
+        assert float(found["outbox_lake_batch_seconds_count"]) >= 1
         os.kill(job.pid, signal.SIGTERM)  # the driver only, as a container runtime does
         assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:

@@ -177,7 +177,10 @@ def test_a_recreated_topic_that_is_shorter_is_detected_by_the_scan() -> None:
     with pytest.raises(DataLossError, match=r"ta\[0\]: offset 9, which the lake read, is gone"):
         scanning_reader(log).latestOffset({"ta": {"0": 10}}, ReadMaxRows(100))
     skipping = scanning_reader(FakeLog({A0: [0, 1, 2]}), fail_on_data_loss=False)
-    assert skipping.latestOffset({"ta": {"0": 10}}, ReadMaxRows(100)) == {"ta": {"0": 3}}
+    end = skipping.latestOffset({"ta": {"0": 10}}, ReadMaxRows(100))
+    assert end == {"ta": {"0": 3}}
+    (recreated,) = skipping.partitions({"ta": {"0": 10}}, end)  # the new topic, from its start
+    assert (recreated.start, recreated.end) == (0, 3)  # type: ignore[attr-defined]
     steady = scanning_reader(FakeLog({A0: list(range(12))}))
     assert steady.latestOffset({"ta": {"0": 10}}, ReadMaxRows(100)) == {"ta": {"0": 12}}
 
