@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaProducer
 
 from examples.payment_provider import PaymentProvider
 from outbox.core.contract import record_for, topic_for
@@ -77,9 +77,7 @@ class Bench:
             "PYTHONPATH": str(ROOT),
         }
         self.children: list[subprocess.Popen[bytes]] = []
-        self.offsets = KafkaConsumer(
-            bootstrap_servers=self.bootstrap, group_id=self.group, enable_auto_commit=False
-        )
+        self.offsets = KafkaAdminClient(bootstrap_servers=self.bootstrap)
 
     def start(self) -> subprocess.Popen[bytes]:
         with (self.tmp / f"child-{len(self.children)}.log").open("ab") as log:
@@ -97,7 +95,13 @@ class Bench:
         return "\n".join(p.read_text()[-1500:] for p in sorted(self.tmp.glob("child-*.log")))
 
     def committed(self) -> int:
-        return int(self.offsets.committed(TopicPartition(self.topic, 0)) or 0)
+        """Records consumed and committed by the group, over all partitions of the topic."""
+        offsets = self.offsets.list_group_offsets({self.group: None}).get(self.group, {})
+        return sum(
+            max(committed.offset, 0)
+            for partition, committed in offsets.items()
+            if partition.topic == self.topic
+        )
 
     def steps(self) -> dict[str, tuple[str, str | None]]:
         with self.database.connect() as connection:
@@ -119,7 +123,10 @@ class Bench:
                 assert child.wait(timeout=30) == 0, self.logs()
                 return None
             time.sleep(0.1)
-        raise AssertionError(f"the consumer did not finish within {timeout} s:\n{self.logs()}")
+        raise AssertionError(
+            f"the consumer did not finish within {timeout} s (committed {self.committed()}, "
+            f"steps {sorted(s for s, _ in self.steps().values())}):\n{self.logs()}"
+        )
 
     def close(self) -> None:
         for child in self.children:
