@@ -255,3 +255,42 @@ def test_done_steps_expire_and_parked_ones_stay(engine: sa.Engine) -> None:
         )
     assert ledger.delete_expired() == 1
     assert state_of(engine, ledger.consumer, parked)[0] == "needs_decision"
+
+
+def test_metrics_count_and_age_the_steps_needing_a_decision(engine: sa.Engine) -> None:
+    from prometheus_client import generate_latest
+
+    from outbox.effect_metrics import EffectsMetrics
+
+    ledger = Effects(consumer=name(), begin=engine.begin)
+    provider = Provider()
+    metrics = EffectsMetrics(engine.begin)
+    label = f'{{consumer="{ledger.consumer}"}}'
+
+    def sample(metric: str) -> float | None:
+        for line in generate_latest(metrics.registry).decode().splitlines():
+            if line.startswith(metric + label):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    assert sample("outbox_effects_needing_decision") is None
+    for _ in range(2):
+        event_id = str(uuid.uuid4())
+        cut_short(ledger, event_id, provider, after_call=False)
+        ledger.perform(event_id, "charge", provider.charge)
+    assert sample("outbox_effects_needing_decision") == 2
+    age = sample("outbox_effects_oldest_decision_age_seconds")
+    assert age is not None and 0 <= age < 60
+    assert "outbox_effects_scrape_ok 1.0" in generate_latest(metrics.registry).decode()
+
+
+def test_metrics_say_when_the_ledger_cannot_be_read() -> None:
+    from prometheus_client import generate_latest
+
+    from outbox.effect_metrics import EffectsMetrics
+
+    unreachable = sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    text = generate_latest(EffectsMetrics(unreachable.begin).registry).decode()
+    assert "outbox_effects_scrape_ok 0.0" in text
+    assert "outbox_effects_needing_decision{" not in text
+    unreachable.dispose()
