@@ -294,3 +294,33 @@ def test_metrics_say_when_the_ledger_cannot_be_read() -> None:
     assert "outbox_effects_scrape_ok 0.0" in text
     assert "outbox_effects_needing_decision{" not in text
     unreachable.dispose()
+
+
+def test_a_database_lost_after_the_call_leaves_the_step_to_the_lookup(
+    database: ScratchDatabase,
+) -> None:
+    ledger_engine = sa.create_engine(
+        database.url,
+        pool_pre_ping=True,
+        connect_args={"application_name": "ledger-under-test"},
+    )
+    ledger = Effects(consumer=name(), begin=ledger_engine.begin)
+    provider = Provider()
+    event_id = str(uuid.uuid4())
+
+    def charge_then_lose_the_database(step: EffectStep) -> str:
+        reference = provider.charge(step)
+        with database.connect(autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'ledger-under-test'"
+            ).fetchone()
+        assert killed is not None and killed[0] >= 1
+        return reference
+
+    with pytest.raises(sa.exc.OperationalError):
+        ledger.perform(event_id, "charge", charge_then_lose_the_database, lookup=provider.find)
+    assert state_of(ledger_engine, ledger.consumer, event_id)[0] == "started"
+    outcome = ledger.perform(event_id, "charge", provider.charge, lookup=provider.find)
+    assert outcome.done and not outcome.called and sum(provider.calls.values()) == 1
+    ledger_engine.dispose()
