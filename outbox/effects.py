@@ -218,7 +218,10 @@ class Effects(_EffectsBase):
                         error = raised
                 elif isinstance(instruction, Lookup):
                     assert lookup is not None
-                    reply = lookup(instruction.step)
+                    try:
+                        reply = lookup(instruction.step)
+                    except Exception as raised:
+                        error = raised
         except BaseException:
             if scope is not None:
                 scope.__exit__(*sys.exc_info())
@@ -313,7 +316,10 @@ class AsyncEffects(_EffectsBase):
                         error = raised
                 elif isinstance(instruction, Lookup):
                     assert lookup is not None
-                    reply = await lookup(instruction.step)
+                    try:
+                        reply = await lookup(instruction.step)
+                    except Exception as raised:
+                        error = raised
         except BaseException:
             if scope is not None:
                 await scope.__aexit__(*sys.exc_info())

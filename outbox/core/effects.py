@@ -12,7 +12,7 @@ A *step* is one call to a third party, named ``(consumer, event_id, effect)``. I
    short (a crash, or an error after the call began): nobody knows whether the third party
    acted. It is **never** called blindly. A lookup (ask the third party about the step's
    idempotency key) resolves it: *happened* marks it done, *did not happen* starts a new
-   attempt and calls, *unknown* parks it. Without a lookup it is parked as
+   attempt and calls, *unknown* (or a lookup that raises) parks it. Without a lookup it is parked as
    ``needs_decision``, so the partition moves on and nothing is called twice.
 4. A call that raises :class:`EffectNotPerformedError` certainly did not act: the step is
    ``released`` and may be called again. Any other exception leaves it ``started`` (3).
@@ -148,7 +148,7 @@ class Call:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """Ask the third party about ``step``; send back a :class:`LookupAnswer`."""
+    """Ask the third party about ``step``; send back a :class:`LookupAnswer` or throw its error."""
 
     step: EffectStep
 
@@ -249,7 +249,10 @@ def perform_step(
         move = next_move(state, attempt, mine, can_look_up=can_look_up)
         answer: LookupAnswer | None = None
         if move is Move.LOOKUP:
-            answer = yield Lookup(step)
+            try:
+                answer = yield Lookup(step)
+            except Exception as error:  # the third party cannot be asked now: nobody knows
+                answer = LookupAnswer.unknown(f"the lookup raised {type(error).__name__}: {error}")
             if not isinstance(answer, LookupAnswer):
                 raise EffectError(
                     f"the lookup returned {answer!r}: return LookupAnswer.happened(reference), "

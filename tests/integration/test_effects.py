@@ -6,8 +6,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import psycopg
 import pytest
@@ -105,8 +106,25 @@ def test_a_redelivered_event_calls_the_third_party_once(
     assert first.step.context == {"amount": 5}
 
 
-async def test_the_async_ledger_calls_once(async_engine: AsyncEngine) -> None:
-    ledger = AsyncEffects(consumer=name(), begin=async_sessionmaker(async_engine).begin)
+@asynccontextmanager
+async def async_psycopg_transaction(database: ScratchDatabase) -> AsyncIterator[Any]:
+    async with (
+        await psycopg.AsyncConnection.connect(database.conninfo) as connection,
+        connection.transaction(),
+    ):
+        yield connection
+
+
+@pytest.mark.parametrize("driver", ["engine.begin", "async_sessionmaker", "psycopg"])
+async def test_the_async_ledger_calls_once_and_resolves_a_cut_short_step(
+    driver: str, async_engine: AsyncEngine, database: ScratchDatabase
+) -> None:
+    begin = {
+        "engine.begin": async_engine.begin,
+        "async_sessionmaker": async_sessionmaker(async_engine).begin,
+        "psycopg": lambda: async_psycopg_transaction(database),
+    }[driver]
+    ledger = AsyncEffects(consumer=name(), begin=begin)
     provider = Provider()
 
     async def charge(step: EffectStep) -> str:
@@ -119,6 +137,16 @@ async def test_the_async_ledger_calls_once(async_engine: AsyncEngine) -> None:
     outcomes = [await ledger.perform(event_id, "charge", charge, lookup=find) for _ in range(3)]
     assert [o.called for o in outcomes] == [True, False, False]
     assert sum(provider.calls.values()) == 1
+
+    async def charge_then_crash(step: EffectStep) -> str:
+        provider.charge(step)
+        raise Crash
+
+    cut = uuid.uuid4()
+    with pytest.raises(Crash):
+        await ledger.perform(cut, "charge", charge_then_crash)
+    resolved = await ledger.perform(cut, "charge", charge, lookup=find)
+    assert resolved.done and not resolved.called and sum(provider.calls.values()) == 2
 
 
 def test_a_cut_short_step_is_parked_without_a_lookup_and_never_called_again(

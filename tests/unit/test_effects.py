@@ -209,3 +209,10 @@ def test_bad_step_names_are_refused_by_name(
     )
     with pytest.raises(EffectError, match=field):
         next(op)
+
+
+def test_a_lookup_that_raises_parks_the_step_with_the_error() -> None:
+    answers = [[], locked("started", 1), ConnectionError("provider down"), [(1,)]]
+    seen, outcome = run(operation(can_look_up=True), answers)
+    assert "call" not in seen and seen[-2:] == ["park_step", "commit"]
+    assert outcome.needs_decision and "ConnectionError: provider down" in outcome.reason
