@@ -49,6 +49,7 @@ def publish_twice(bootstrap: str, topic: str) -> dict[int, str]:
                 payload_text=json.dumps({"order_id": n, "total": f"{n}.00"}),
                 headers_text="{}",
                 traceparent=None,
+                position=n,
             )
             producer.send(topic, key=record.key, value=record.value, headers=list(record.headers))
     producer.flush()
