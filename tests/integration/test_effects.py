@@ -352,3 +352,22 @@ def test_a_database_lost_after_the_call_leaves_the_step_to_the_lookup(
     outcome = ledger.perform(event_id, "charge", provider.charge, lookup=provider.find)
     assert outcome.done and not outcome.called and sum(provider.calls.values()) == 1
     ledger_engine.dispose()
+
+
+def test_the_cli_refuses_a_decision_on_a_step_that_needs_none(
+    engine: sa.Engine, database: ScratchDatabase
+) -> None:
+    from tests.cli import run_outbox
+
+    ledger = Effects(consumer=name(), begin=engine.begin)
+    event_id = str(uuid.uuid4())
+    ledger.perform(event_id, "charge", Provider().charge)  # done: nothing to decide
+    env = {"OUTBOX_DATABASE_URL": database.url}
+    refused = run_outbox("effects", "release", ledger.consumer, event_id, "charge", env=env)
+    assert refused.returncode == 2 and "needs a decision" in refused.stderr
+    missing = run_outbox("effects", "mark-done", ledger.consumer, "nope", "charge", env=env)
+    assert missing.returncode == 2 and "outbox effects list" in missing.stderr
+    listed = run_outbox("effects", "list", "--consumer", ledger.consumer, env=env)
+    assert listed.returncode == 0 and listed.stdout == ""
+    assert "0 step(s) need a decision" in listed.stderr
+    assert state_of(engine, ledger.consumer, event_id)[0] == "done"
