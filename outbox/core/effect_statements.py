@@ -38,6 +38,13 @@ class EffectStatements:
         )
 
     @cached_property
+    def read_step(self) -> str:
+        """The step as it stands, without a lock (a done step is skipped with no write)."""
+        return (
+            f"SELECT state, attempt, reference, reason, context FROM {self._table}\nWHERE {_STEP}"
+        )
+
+    @cached_property
     def lock_step(self) -> str:
         """The step, locked until the transaction ends (waits for a call in progress)."""
         return (

@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from outbox.core.effect_statements import EffectStatements
 from outbox.core.errors import EffectError, EffectNotPerformedError
 from outbox.core.statements import Result, Statement
+
+Rows = Sequence[Sequence[Any]]
 
 __all__ = [
     "BEGIN",
@@ -230,10 +232,20 @@ def perform_step(
     key = idempotency_key(consumer, event_id, effect)
     names = {"consumer": consumer, "event_id": event_id, "effect": effect}
     yield BEGIN
-    started = yield Statement(
-        statements.start_step, {**names, "key": key, "context": context_json}, Result.ROWS
-    )
+    # Read first: a redelivery of a done (or parked) step ends here, with nothing written.
+    found = yield Statement(statements.read_step, names, Result.ROWS)
+    started: Rows = []
+    if not found:
+        started = yield Statement(
+            statements.start_step, {**names, "key": key, "context": context_json}, Result.ROWS
+        )
     yield COMMIT
+    if found and StepState(found[0][0]) in (StepState.DONE, StepState.NEEDS_DECISION):
+        state_text, attempt, reference, reason, context = found[0]
+        step = EffectStep(consumer, event_id, effect, key, attempt, context)
+        if state_text == StepState.DONE.value:
+            return EffectOutcome(step, StepState.DONE, reference, called=False)
+        return EffectOutcome(step, StepState.NEEDS_DECISION, None, called=False, reason=reason)
     mine: int | None = started[0][0] if started else None
     for _ in range(_MAX_ROUNDS):
         yield BEGIN

@@ -76,11 +76,11 @@ def run(
 
 
 def _statement_name(sql: str) -> str:
-    for attribute in ("start_step", "lock_step", "mark_done", "restart_step", "park_step"):
+    for attribute in ("read_step", "start_step", "lock_step", "mark_done", "restart_step"):
         if sql == getattr(STATEMENTS, attribute):
             return attribute
-    if sql == STATEMENTS.release_step:
-        return "release_step"
+    if sql in (STATEMENTS.release_step, STATEMENTS.park_step):
+        return "release_step" if sql == STATEMENTS.release_step else "park_step"
     raise AssertionError(f"unexpected statement {sql}")
 
 
@@ -89,9 +89,9 @@ def locked(state: str, attempt: int, reference: str | None = None) -> list[tuple
 
 
 def test_a_new_step_is_committed_as_started_before_the_call_and_done_after() -> None:
-    seen, outcome = run(operation(), [[(1,)], locked("started", 1), "pay-1", [(1,)]])
+    seen, outcome = run(operation(), [[], [(1,)], locked("started", 1), "pay-1", [(1,)]])
     assert seen == [
-        "begin", "start_step", "commit",  # started, committed: before the call
+        "begin", "read_step", "start_step", "commit",  # started, committed: before the call
         "begin", "lock_step", "call", "mark_done", "commit",
     ]  # fmt: skip
     assert outcome.done and outcome.called and outcome.reference == "pay-1"
@@ -99,19 +99,20 @@ def test_a_new_step_is_committed_as_started_before_the_call_and_done_after() -> 
 
 
 def test_a_done_step_is_skipped() -> None:
-    seen, outcome = run(operation(), [[], locked("done", 1, "pay-1")])
-    assert "call" not in seen and outcome.done and not outcome.called
+    seen, outcome = run(operation(), [locked("done", 1, "pay-1")])
+    assert seen == ["begin", "read_step", "commit"]  # nothing written, nothing locked
+    assert outcome.done and not outcome.called
     assert outcome.reference == "pay-1"
 
 
 def test_a_cut_short_step_without_lookup_is_parked_not_called() -> None:
-    seen, outcome = run(operation(), [[], locked("started", 1), [(1,)]])
+    seen, outcome = run(operation(), [locked("started", 1), locked("started", 1), [(1,)]])
     assert seen[-2:] == ["park_step", "commit"] and "call" not in seen
     assert outcome.needs_decision and str(outcome.step.idempotency_key) in outcome.reason
 
 
 def test_a_lookup_that_found_it_marks_it_done_without_calling() -> None:
-    answers = [[], locked("started", 1), LookupAnswer.happened("pay-9"), [(1,)]]
+    answers = [locked("started", 1), locked("started", 1), LookupAnswer.happened("pay-9"), [(1,)]]
     seen, outcome = run(operation(can_look_up=True), answers)
     assert "call" not in seen and "lookup" in seen
     assert outcome.done and outcome.reference == "pay-9" and not outcome.called
@@ -119,7 +120,7 @@ def test_a_lookup_that_found_it_marks_it_done_without_calling() -> None:
 
 def test_a_lookup_that_did_not_find_it_starts_a_new_attempt_then_calls() -> None:
     answers = [
-        [], locked("started", 1), LookupAnswer.not_happened(), [(2,)],
+        locked("started", 1), locked("started", 1), LookupAnswer.not_happened(), [(2,)],
         locked("started", 2), "pay-2", [(1,)],
     ]  # fmt: skip
     seen, outcome = run(operation(can_look_up=True), answers)
@@ -132,20 +133,21 @@ def test_a_call_that_certainly_failed_releases_the_step_and_raises() -> None:
     failure = EffectNotPerformedError("refused")
     seen: list[str] = []
     with pytest.raises(EffectNotPerformedError):
-        run(operation(), [[(1,)], locked("started", 1), failure, [(1,)]], seen)
+        run(operation(), [[], [(1,)], locked("started", 1), failure, [(1,)]], seen)
     assert seen[-3:] == ["call", "release_step", "commit"]
 
 
 def test_another_error_from_the_call_leaves_the_step_started() -> None:
     seen: list[str] = []
     with pytest.raises(TimeoutError):
-        run(operation(), [[(1,)], locked("started", 1), TimeoutError("read timed out")], seen)
+        answers = [[], [(1,)], locked("started", 1), TimeoutError("read timed out")]
+        run(operation(), answers, seen)
     assert seen[-1] == "call"  # no mark, no commit: the driver rolls the lock back
 
 
 def test_a_lookup_must_answer_with_a_lookup_answer() -> None:
     with pytest.raises(EffectError, match=r"LookupAnswer\.happened"):
-        run(operation(can_look_up=True), [[], locked("started", 1), "pay-1"])
+        run(operation(can_look_up=True), [locked("started", 1), locked("started", 1), "pay-1"])
 
 
 def test_the_move_table() -> None:
@@ -212,7 +214,15 @@ def test_bad_step_names_are_refused_by_name(
 
 
 def test_a_lookup_that_raises_parks_the_step_with_the_error() -> None:
-    answers = [[], locked("started", 1), ConnectionError("provider down"), [(1,)]]
+    started = locked("started", 1)
+    answers = [started, started, ConnectionError("provider down"), [(1,)]]
     seen, outcome = run(operation(can_look_up=True), answers)
     assert "call" not in seen and seen[-2:] == ["park_step", "commit"]
     assert outcome.needs_decision and "ConnectionError: provider down" in outcome.reason
+
+
+def test_a_parked_step_is_returned_as_it_is_without_a_lock() -> None:
+    parked = [("needs_decision", 1, None, "cut short", {"amount": 5})]
+    seen, outcome = run(operation(can_look_up=True), [parked])
+    assert seen == ["begin", "read_step", "commit"]
+    assert outcome.needs_decision and outcome.reason == "cut short"
