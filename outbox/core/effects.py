@@ -233,19 +233,21 @@ def perform_step(
     names = {"consumer": consumer, "event_id": event_id, "effect": effect}
     yield BEGIN
     # Read first: a redelivery of a done (or parked) step ends here, with nothing written.
-    found = yield Statement(statements.read_step, names, Result.ROWS)
+    existing = yield Statement(statements.read_step, names, Result.ROWS)
     started: Rows = []
-    if not found:
+    if not existing:
         started = yield Statement(
             statements.start_step, {**names, "key": key, "context": context_json}, Result.ROWS
         )
     yield COMMIT
-    if found and StepState(found[0][0]) in (StepState.DONE, StepState.NEEDS_DECISION):
-        state_text, attempt, reference, reason, context = found[0]
+    if existing:
+        state_text, attempt, reference, reason, context = existing[0]
         step = EffectStep(consumer, event_id, effect, key, attempt, context)
         if state_text == StepState.DONE.value:
             return EffectOutcome(step, StepState.DONE, reference, called=False)
-        return EffectOutcome(step, StepState.NEEDS_DECISION, None, called=False, reason=reason)
+        if state_text == StepState.NEEDS_DECISION.value:
+            return EffectOutcome(step, StepState.NEEDS_DECISION, None, called=False, reason=reason)
+    # Ours when we inserted it (attempt 1); otherwise started or released by someone else.
     mine: int | None = started[0][0] if started else None
     for _ in range(_MAX_ROUNDS):
         yield BEGIN
@@ -292,8 +294,8 @@ def perform_step(
             continue
         if move is Move.MARK_DONE:
             assert answer is not None
-            found = {**names, "reference": answer.reference, "reason": "found by the lookup"}
-            yield Statement(statements.mark_done, found, Result.ROWCOUNT)
+            marked = {**names, "reference": answer.reference, "reason": "found by the lookup"}
+            yield Statement(statements.mark_done, marked, Result.ROWCOUNT)
             yield COMMIT
             return EffectOutcome(step, StepState.DONE, answer.reference, called=False)
         if move is Move.PARK:
