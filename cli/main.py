@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import connect, db, demo, lake, relay, stack
+from cli import connect, db, demo, effects, lake, relay, stack
 
 app = typer.Typer(
     name="outbox",
@@ -21,6 +21,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(connect.app, name="connect")
 app.add_typer(relay.app, name="relay")
 app.add_typer(lake.app, name="lake")
+app.add_typer(effects.app, name="effects")
 app.command("demo")(demo.run_demo)
 
 

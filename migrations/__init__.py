@@ -167,7 +167,8 @@ def create_relay_role(
 def grant_consumer(
     connection: Connection, role: str, *, settings: OutboxSettings | None = None
 ) -> None:
-    """Grant ``role`` what an idempotent consumer needs: claims in the inbox, and cleanup."""
+    """Grant ``role`` what an idempotent consumer needs: inbox claims, the side-effect
+    ledger, and their cleanup."""
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
     _execute(
@@ -175,6 +176,8 @@ def grant_consumer(
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_inbox} TO {grantee}",
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_inbox_dead_letter} TO {grantee}",
+        # The side-effect ledger: steps are recorded, marked, and deleted once done and old.
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables.qualified_effect} TO {grantee}",
     )
 
 

@@ -7,8 +7,12 @@
 """
 
 from outbox._default import aclaim, apublish, apublish_many, claim, publish, publish_many
+from outbox.core.effects import LookupAnswer
 from outbox.core.errors import (
     ConfigurationError,
+    EffectError,
+    EffectNotPerformedError,
+    EffectStateError,
     EventError,
     InvalidIdentifierError,
     LakeContractError,
@@ -20,20 +24,27 @@ from outbox.core.errors import (
     UnsupportedTransactionError,
 )
 from outbox.core.event import Event, PublishResult, new_event_id
+from outbox.effects import AsyncEffects, Effects
 from outbox.inbox import AsyncInbox, Inbox
 from outbox.publisher import AsyncOutbox, Outbox
 from outbox.settings import OutboxSettings
 
 __all__ = [
+    "AsyncEffects",
     "AsyncInbox",
     "AsyncOutbox",
     "ConfigurationError",
+    "EffectError",
+    "EffectNotPerformedError",
+    "EffectStateError",
+    "Effects",
     "Event",
     "EventError",
     "Inbox",
     "InvalidIdentifierError",
     "LakeContractError",
     "LakeContractWarning",
+    "LookupAnswer",
     "Outbox",
     "OutboxError",
     "OutboxSettings",

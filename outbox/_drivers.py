@@ -31,6 +31,7 @@ __all__ = [
     "check_psycopg_transaction",
     "drive",
     "drive_async",
+    "still_in_transaction",
     "sync_executor",
 ]
 
@@ -185,6 +186,23 @@ def check_psycopg_transaction(
     raise TransactionRequiredError(
         f"the psycopg connection is not in a transaction: {_HOW_TO_BEGIN}"
     )
+
+
+def still_in_transaction(transaction: object) -> bool:
+    """Whether ``transaction`` is still inside a transaction (after its context has ended).
+
+    True means the context was a savepoint or a block inside an outer transaction, so what
+    it wrote is not committed yet.
+    """
+    if isinstance(transaction, psycopg.Connection | psycopg.AsyncConnection):
+        return not transaction.closed and transaction.info.transaction_status in (
+            pq.TransactionStatus.INTRANS,
+            pq.TransactionStatus.INERROR,
+            pq.TransactionStatus.ACTIVE,
+        )
+    if isinstance(transaction, Session | SAConnection | AsyncSession | SAAsyncConnection):
+        return transaction.in_transaction()
+    return False
 
 
 def _check_sqlalchemy_driver(driver_connection: object | None) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigurationError",
+    "EffectError",
+    "EffectNotPerformedError",
+    "EffectStateError",
     "EventError",
     "InvalidIdentifierError",
     "LakeContractError",
@@ -73,3 +76,20 @@ class TransactionRequiredError(OutboxError):
 
 class UnsupportedTransactionError(OutboxError, TypeError):
     """The object passed as the transaction is not one the SDK knows how to use."""
+
+
+class EffectError(OutboxError):
+    """The side-effect ledger (``outbox.effects``) was misused or is in an unexpected state."""
+
+
+class EffectNotPerformedError(EffectError):
+    """Raise it from an effect's call when the third party certainly did not act.
+
+    For example a refused connection, or a 4xx answer that rejects the request. The step is
+    then released: the next attempt calls again (with the same idempotency key). Any other
+    exception leaves the step *started*: it is never called again blindly.
+    """
+
+
+class EffectStateError(EffectError):
+    """An operator's decision names a step that does not exist or needs no decision."""

@@ -82,6 +82,15 @@ class OutboxTables:
         )
 
     @property
+    def effect(self) -> str:
+        """The side-effect ledger: one row per (consumer, event id, effect)."""
+        return f"{self.inbox}_effect"
+
+    @property
+    def qualified_effect(self) -> str:
+        return qualified_name(self.schema, self.effect, field="inbox table (effects)")
+
+    @property
     def qualified_inbox(self) -> str:
         return qualified_name(self.schema, self.inbox, field="inbox table")
 

@@ -15,7 +15,7 @@ from tests.fix_postgres import ScratchDatabase
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = ["docs/application-developers.md"]
+DOCUMENTS = ["docs/application-developers.md", "docs/side-effects.md"]
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

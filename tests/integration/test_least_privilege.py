@@ -5,12 +5,13 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
 import sqlalchemy as sa
 
-from outbox import Event, Inbox, Outbox
+from outbox import Effects, Event, Inbox, Outbox
 from tests.cli import run_outbox
 from tests.fix_postgres import ScratchDatabase
 
@@ -96,6 +97,18 @@ def test_a_consumer_role_claims_and_cleans_up(database: ScratchDatabase) -> None
                 assert Inbox().delete_expired(connection) == 0
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 connection.execute("INSERT INTO outbox.outbox (id) VALUES (gen_random_uuid())")
+
+        @contextmanager
+        def ledger_transaction() -> Iterator[psycopg.Connection]:
+            with connect_as(database, name, password) as ledger, ledger.transaction():
+                yield ledger
+
+        # The side-effect ledger: record, mark, skip on redelivery, clean up.
+        effects = Effects(consumer="ledger", begin=ledger_transaction)
+        calls = []
+        for _ in range(2):
+            effects.perform("m-1", "notify", lambda step: calls.append(step) or "ref-1")
+        assert len(calls) == 1 and effects.delete_expired() == 0
     finally:
         drop_role(database, name)
 

@@ -1,0 +1,315 @@
+"""The side-effect ledger's decisions: effects on systems we do not control, at most once.
+
+A *step* is one call to a third party, named ``(consumer, event_id, effect)``. Invariants:
+
+1. A step is committed as ``started`` (its own short transaction) **before** its call, with
+   an ``attempt`` number; the call runs while that attempt holds the step's row lock, in a
+   second transaction that marks it ``done`` with the third party's reference. A crash
+   anywhere leaves the step ``started`` (or ``done``), never absent after a call.
+2. A ``done`` step is never called again; a ``needs_decision`` step is never called again
+   until an operator releases it.
+3. A ``started`` step whose attempt is not the caller's own, once its lock is free, was cut
+   short (a crash, or an error after the call began): nobody knows whether the third party
+   acted. It is **never** called blindly. A lookup (ask the third party about the step's
+   idempotency key) resolves it: *happened* marks it done, *did not happen* starts a new
+   attempt and calls, *unknown* (or a lookup that raises) parks it. Without a lookup it is parked as
+   ``needs_decision``, so the partition moves on and nothing is called twice.
+4. A call that raises :class:`EffectNotPerformedError` certainly did not act: the step is
+   ``released`` and may be called again. Any other exception leaves it ``started`` (3).
+5. Every step has one idempotency key for life (:func:`idempotency_key`), sent with each
+   call, so a third party that deduplicates makes even a released retry harmless.
+
+Rejected: calling inside the consumer's inbox transaction (a crash after the call rolls the
+claim back and the redelivery calls again), and lease timeouts for "in progress" (a slow
+call outlives its lease and gets a twin). The row lock ends exactly when its holder does.
+
+The operation is a generator of instructions (statements, transaction bounds, the call,
+the lookup) that does no I/O; ``outbox.effects`` drives it, sync or async.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.core.effect_statements import EffectStatements
+from outbox.core.errors import EffectError, EffectNotPerformedError
+from outbox.core.statements import Result, Statement
+
+Rows = Sequence[Sequence[Any]]
+
+__all__ = [
+    "BEGIN",
+    "COMMIT",
+    "Call",
+    "EffectOutcome",
+    "EffectStep",
+    "Instruction",
+    "Lookup",
+    "LookupAnswer",
+    "Move",
+    "StepState",
+    "TransactionBound",
+    "idempotency_key",
+    "move_after_lookup",
+    "next_move",
+    "perform_step",
+]
+
+# Fixed for ever: changing it would change every step's key.
+_KEY_NAMESPACE = uuid.UUID("6f1d8f0e-3c52-5b8a-9a57-0e4d2c1b7a31")
+_MAX_ROUNDS = 16  # a step changes hands at most this often in one call before we give up
+
+
+class StepState(enum.Enum):
+    STARTED = "started"
+    DONE = "done"
+    NEEDS_DECISION = "needs_decision"
+    RELEASED = "released"
+
+
+class _Answer(enum.Enum):
+    HAPPENED = "happened"
+    NOT_HAPPENED = "not_happened"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class LookupAnswer:
+    """What the third party said about a step's idempotency key: build it with the helpers."""
+
+    answer: _Answer
+    reference: str | None = None
+    reason: str = ""
+
+    @classmethod
+    def happened(cls, reference: str | None) -> LookupAnswer:
+        """The request with this key was performed; ``reference`` is the third party's id."""
+        return cls(_Answer.HAPPENED, reference)
+
+    @classmethod
+    def not_happened(cls) -> LookupAnswer:
+        """The third party certainly has no request with this key: it is called again."""
+        return cls(_Answer.NOT_HAPPENED)
+
+    @classmethod
+    def unknown(cls, reason: str = "the lookup could not tell") -> LookupAnswer:
+        """No way to know now: the step is parked for an operator."""
+        return cls(_Answer.UNKNOWN, reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class EffectStep:
+    """What a call and a lookup get: the step, its key and its stored context."""
+
+    consumer: str
+    event_id: str
+    effect: str
+    idempotency_key: uuid.UUID
+    attempt: int
+    context: Any
+
+
+@dataclass(frozen=True, slots=True)
+class EffectOutcome:
+    """Where a step stands after ``perform``. ``called``: this invocation made the call."""
+
+    step: EffectStep
+    state: StepState
+    reference: str | None
+    called: bool
+    reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state is StepState.DONE
+
+    @property
+    def needs_decision(self) -> bool:
+        return self.state is StepState.NEEDS_DECISION
+
+
+class TransactionBound(enum.Enum):
+    BEGIN = "begin"
+    COMMIT = "commit"
+
+
+BEGIN = TransactionBound.BEGIN
+COMMIT = TransactionBound.COMMIT
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Make the call now; send back its reference (``str`` or ``None``) or throw its error."""
+
+    step: EffectStep
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """Ask the third party about ``step``; send back a :class:`LookupAnswer` or throw its error."""
+
+    step: EffectStep
+
+
+Instruction = Statement | TransactionBound | Call | Lookup
+
+
+class Move(enum.Enum):
+    CALL = "call"  # the caller's own attempt holds the lock: call
+    RETURN_DONE = "return_done"
+    RETURN_PARKED = "return_parked"
+    LOOKUP = "lookup"  # an attempt was cut short: ask the third party
+    PARK = "park"  # an attempt was cut short and nobody can tell: park it
+    RESTART = "restart"  # commit a new attempt, then call
+    MARK_DONE = "mark_done"  # the lookup found it: record the reference
+
+
+def idempotency_key(consumer: str, event_id: str, effect: str) -> uuid.UUID:
+    """The step's key for life: a UUIDv5 of consumer, event id and effect name."""
+    return uuid.uuid5(_KEY_NAMESPACE, f"{consumer}\x1f{event_id}\x1f{effect}")
+
+
+def next_move(state: StepState, attempt: int, my_attempt: int | None, *, can_look_up: bool) -> Move:
+    """What to do with a step whose row lock we now hold."""
+    if state is StepState.DONE:
+        return Move.RETURN_DONE
+    if state is StepState.NEEDS_DECISION:
+        return Move.RETURN_PARKED
+    if state is StepState.RELEASED:
+        return Move.RESTART
+    if my_attempt == attempt:
+        return Move.CALL
+    return Move.LOOKUP if can_look_up else Move.PARK
+
+
+def move_after_lookup(answer: LookupAnswer) -> Move:
+    if answer.answer is _Answer.HAPPENED:
+        return Move.MARK_DONE
+    if answer.answer is _Answer.NOT_HAPPENED:
+        return Move.RESTART
+    return Move.PARK
+
+
+_CUT_SHORT = (
+    "attempt {attempt} started and did not finish (a crash, or an error after the call "
+    "began): the third party may or may not have acted. Ask it about idempotency key {key}, "
+    "then `outbox effects mark-done` (it did) or `outbox effects release` (it did not)"
+)
+
+
+def check_step_names(consumer: object, event_id: object, effect: object) -> tuple[str, str, str]:
+    """The step's names as text, or :class:`EffectError` naming the bad one and the fix."""
+    if not isinstance(consumer, str) or not consumer or len(consumer) > 255:
+        raise EffectError(
+            f"consumer={consumer!r} must be a non-empty str of at most 255 characters"
+        )
+    if isinstance(event_id, uuid.UUID):
+        event_id = str(event_id)
+    if not isinstance(event_id, str) or not event_id or len(event_id) > 1024:
+        raise EffectError(
+            f"event_id={event_id!r} must be a UUID or a non-empty str of at most 1024 characters"
+        )
+    if not isinstance(effect, str) or not effect or len(effect) > 255:
+        raise EffectError(f"effect={effect!r} must be a non-empty str of at most 255 characters")
+    return consumer, event_id, effect
+
+
+def perform_step(
+    statements: EffectStatements,
+    *,
+    consumer: str,
+    event_id: str,
+    effect: str,
+    context_json: str,
+    can_look_up: bool,
+) -> Generator[Instruction, Any, EffectOutcome]:
+    """Perform one step at most once (see the module's invariants); return where it stands."""
+    consumer, event_id, effect = check_step_names(consumer, event_id, effect)
+    key = idempotency_key(consumer, event_id, effect)
+    names = {"consumer": consumer, "event_id": event_id, "effect": effect}
+    yield BEGIN
+    # Read first: a redelivery of a done (or parked) step ends here, with nothing written.
+    existing = yield Statement(statements.read_step, names, Result.ROWS)
+    started: Rows = []
+    if not existing:
+        started = yield Statement(
+            statements.start_step, {**names, "key": key, "context": context_json}, Result.ROWS
+        )
+    yield COMMIT
+    if existing:
+        state_text, attempt, reference, reason, context = existing[0]
+        step = EffectStep(consumer, event_id, effect, key, attempt, context)
+        if state_text == StepState.DONE.value:
+            return EffectOutcome(step, StepState.DONE, reference, called=False)
+        if state_text == StepState.NEEDS_DECISION.value:
+            return EffectOutcome(step, StepState.NEEDS_DECISION, None, called=False, reason=reason)
+    # Ours when we inserted it (attempt 1); otherwise started or released by someone else.
+    mine: int | None = started[0][0] if started else None
+    for _ in range(_MAX_ROUNDS):
+        yield BEGIN
+        rows = yield Statement(statements.lock_step, names, Result.ROWS)
+        if not rows:
+            raise EffectError(
+                f"step {consumer}/{event_id}/{effect} vanished while it was performed: "
+                "was it deleted by hand?"
+            )
+        state_text, attempt, reference, reason, context = rows[0]
+        state = StepState(state_text)
+        step = EffectStep(consumer, event_id, effect, key, attempt, context)
+        move = next_move(state, attempt, mine, can_look_up=can_look_up)
+        answer: LookupAnswer | None = None
+        if move is Move.LOOKUP:
+            try:
+                answer = yield Lookup(step)
+            except Exception as error:  # the third party cannot be asked now: nobody knows
+                answer = LookupAnswer.unknown(f"the lookup raised {type(error).__name__}: {error}")
+            if not isinstance(answer, LookupAnswer):
+                raise EffectError(
+                    f"the lookup returned {answer!r}: return LookupAnswer.happened(reference), "
+                    "LookupAnswer.not_happened() or LookupAnswer.unknown(reason)"
+                )
+            move = move_after_lookup(answer)
+        if move is Move.CALL:
+            try:
+                made = yield Call(step)
+            except EffectNotPerformedError as error:
+                release = {**names, "reason": f"not performed: {error}"[:4000]}
+                yield Statement(statements.release_step, release, Result.ROWCOUNT)
+                yield COMMIT
+                raise
+            made = None if made is None else str(made)
+            yield Statement(
+                statements.mark_done, {**names, "reference": made, "reason": None}, Result.ROWCOUNT
+            )
+            yield COMMIT
+            return EffectOutcome(step, StepState.DONE, made, called=True)
+        if move is Move.RESTART:
+            restarted = yield Statement(statements.restart_step, names, Result.ROWS)
+            yield COMMIT
+            mine = restarted[0][0]
+            continue
+        if move is Move.MARK_DONE:
+            assert answer is not None
+            marked = {**names, "reference": answer.reference, "reason": "found by the lookup"}
+            yield Statement(statements.mark_done, marked, Result.ROWCOUNT)
+            yield COMMIT
+            return EffectOutcome(step, StepState.DONE, answer.reference, called=False)
+        if move is Move.PARK:
+            why = _CUT_SHORT.format(attempt=attempt, key=key)
+            if answer is not None:
+                why = f"the lookup could not tell ({answer.reason}); {why}"
+            yield Statement(statements.park_step, {**names, "reason": why[:4000]}, Result.ROWCOUNT)
+            yield COMMIT
+            return EffectOutcome(step, StepState.NEEDS_DECISION, None, called=False, reason=why)
+        yield COMMIT
+        if move is Move.RETURN_DONE:
+            return EffectOutcome(step, StepState.DONE, reference, called=False)
+        return EffectOutcome(step, StepState.NEEDS_DECISION, None, called=False, reason=reason)
+    raise EffectError(
+        f"step {consumer}/{event_id}/{effect} changed hands {_MAX_ROUNDS} times in one call: "
+        "are several consumers releasing it in a loop?"
+    )
