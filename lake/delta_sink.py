@@ -134,6 +134,7 @@ class DeltaSink:
         """``foreachBatch`` body: parse in Spark (one job), then :meth:`write`."""
         started = time.monotonic()
         parsed = parsed_frame(frame).toArrow()
+        self.metrics.stage_seconds.labels("read_parse").observe(time.monotonic() - started)
         is_event = pc.equal(parsed.column("kind"), "event")
         events = parsed.filter(is_event)
         quarantined = parsed.filter(pc.invert(is_event))
@@ -180,14 +181,18 @@ class DeltaSink:
     ) -> None:
         set_aside: list[dict[str, Any]] = []
         offered = 0 if events is None else events.num_rows
+        stage = self.metrics.stage_seconds
         if events is not None and events.num_rows:
             events = first_copies(events)
-            for aggregate_type, rows in self._by_type(events).items():
-                set_aside += self._write_typed(aggregate_type, rows, ends)
+            with stage.labels("typed").time():
+                for aggregate_type, rows in self._by_type(events).items():
+                    set_aside += self._write_typed(aggregate_type, rows, ends)
         records = [] if quarantined is None else quarantined.to_pylist()
-        self._write_quarantine(records, set_aside, ends)
+        with stage.labels("quarantine").time():
+            self._write_quarantine(records, set_aside, ends)
         if events is not None and events.num_rows:
-            landed = self._write_events(events, ends)
+            with stage.labels("events").time():
+                landed = self._write_events(events, ends)
             self.metrics.events.inc(landed)
             self.metrics.duplicates.inc(max(0, offered - landed))
             newest = pc.max(events.column("event_time")).as_py()

@@ -45,6 +45,14 @@ class LakeMetrics:
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=r,
         )
+        self.stage_seconds = Histogram(
+            "outbox_lake_stage_seconds",
+            "Time of each stage of a micro-batch: read_parse (Kafka to parsed rows on the "
+            "driver), typed, quarantine, events (their Delta merges).",
+            ["stage"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
         self.events = Counter(
             "outbox_lake_events", "Events landed in the events table.", registry=r
         )
