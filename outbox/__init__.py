@@ -6,7 +6,9 @@
 ...     publish(session, Event("order", order.id, "OrderPlaced", {"total": order.total}))
 """
 
-from outbox._default import aclaim, apublish, apublish_many, claim, publish, publish_many
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from outbox.core.effects import LookupAnswer
 from outbox.core.errors import (
     ConfigurationError,
@@ -24,10 +26,41 @@ from outbox.core.errors import (
     UnsupportedTransactionError,
 )
 from outbox.core.event import Event, PublishResult, new_event_id
-from outbox.effects import AsyncEffects, Effects
-from outbox.inbox import AsyncInbox, Inbox
-from outbox.publisher import AsyncOutbox, Outbox
-from outbox.settings import OutboxSettings
+
+if TYPE_CHECKING:
+    from outbox._default import aclaim, apublish, apublish_many, claim, publish, publish_many
+    from outbox.effects import AsyncEffects, Effects
+    from outbox.inbox import AsyncInbox, Inbox
+    from outbox.publisher import AsyncOutbox, Outbox
+    from outbox.settings import OutboxSettings
+
+# The adapters import SQLAlchemy, psycopg and pydantic-settings: loaded on first use, so that
+# ``import outbox.core...`` (as Spark's Python workers do for every task) stays light.
+_LAZY = {
+    "aclaim": "outbox._default",
+    "apublish": "outbox._default",
+    "apublish_many": "outbox._default",
+    "claim": "outbox._default",
+    "publish": "outbox._default",
+    "publish_many": "outbox._default",
+    "AsyncEffects": "outbox.effects",
+    "Effects": "outbox.effects",
+    "AsyncInbox": "outbox.inbox",
+    "Inbox": "outbox.inbox",
+    "AsyncOutbox": "outbox.publisher",
+    "Outbox": "outbox.publisher",
+    "OutboxSettings": "outbox.settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AsyncEffects",
