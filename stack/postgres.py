@@ -1,16 +1,22 @@
 """A private PostgreSQL 15 cluster on loopback, from Debian's binaries.
 
-It lives under ``<stack dir>/postgres`` (data, socket, log, generated password), listens on
-``127.0.0.1:<port>`` only, and runs with ``wal_level=logical`` and room for replication slots,
-so Debezium can tail it. When the current user is root, the cluster runs as the ``postgres``
-system user (``initdb`` refuses root). Nothing here touches a system cluster.
+The generated passwords live in ``<stack dir>/postgres``; the server's own files (data,
+socket, log) live there too, or, when the server's user cannot reach the stack folder, in a
+folder of their own (:mod:`stack.server_home`). It listens on ``127.0.0.1:<port>`` only,
+and runs with ``wal_level=logical`` and room for replication slots, so Debezium can tail it.
+When the current user is root, the cluster runs as the ``postgres`` system user (``initdb``
+refuses root). Nothing here touches a system cluster.
+
+Security: no ``trust`` anywhere: every connection, over TCP and over the Unix socket, proves
+the password (SCRAM); the socket folder is 0700, so only the server's user reaches it;
+password files are created 0600 from their first byte (:mod:`stack.secrets`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
+import pwd
 import shlex
 import shutil
 import subprocess
@@ -23,6 +29,8 @@ import psycopg
 from psycopg import sql
 
 from stack.errors import StackError
+from stack.secrets import read_or_create_secret, write_secret
+from stack.server_home import RUN_AS, server_home
 from stack.settings import StackSettings
 
 __all__ = ["PostgresCluster", "PostgresStatus"]
@@ -30,7 +38,8 @@ __all__ = ["PostgresCluster", "PostgresStatus"]
 log = logging.getLogger(__name__)
 
 SUPERUSER = "postgres"
-RUN_AS = "postgres"
+# The kernel's limit on a Unix socket's path (sun_path), less the terminating NUL.
+_SOCKET_PATH_MAX = 107
 # Passed at each start (so a restart applies a change). fsync stays on: benchmarks measure
 # real commits. track_commit_timestamp lets tests compare positions with commit order.
 SERVER_SETTINGS = {
@@ -55,6 +64,7 @@ class PostgresStatus:
     port: int
     data_dir: Path
     log_file: Path
+    socket_dir: Path
 
 
 class PostgresCluster:
@@ -63,11 +73,31 @@ class PostgresCluster:
     def __init__(self, settings: StackSettings | None = None) -> None:
         self.settings = settings if settings is not None else StackSettings()
         self.home = self.settings.root / "postgres"
-        self.data_dir = self.home / "data"
-        self.socket_dir = self.home / "run"
-        self.log_file = self.home / "postgres.log"
         self.password_file = self.home / "superuser.password"
         self.port = self.settings.postgres_port
+        self._server_home: Path | None = None
+
+    @property
+    def server_home(self) -> Path:
+        """The folder of the server's data, socket and log (see :mod:`stack.server_home`)."""
+        if self._server_home is None:
+            found = server_home(self.home, self.settings.root, self.settings.postgres_server_dir)
+            if found is None:
+                return self.home  # undecided until PostgreSQL is installed
+            self._server_home = found
+        return self._server_home
+
+    @property
+    def data_dir(self) -> Path:
+        return self.server_home / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.server_home / "run"
+
+    @property
+    def log_file(self) -> Path:
+        return self.server_home / "postgres.log"
 
     # --- addresses -------------------------------------------------------------------------
 
@@ -91,12 +121,7 @@ class PostgresCluster:
 
     def cdc_password(self) -> str:
         """The password of the local stack's CDC role, generated once (file mode 0600)."""
-        path = self.home / "cdc.password"
-        if not path.exists():
-            self.home.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets.token_urlsafe(24) + "\n")
-            path.chmod(0o600)
-        return path.read_text().strip()
+        return read_or_create_secret(self.home / "cdc.password")
 
     def password(self) -> str:
         try:
@@ -132,8 +157,9 @@ class PostgresCluster:
         self.wait_until_ready()
 
     def destroy(self) -> None:
-        """Stop the cluster and delete its folder."""
+        """Stop the cluster and delete its folders (the server's, wherever it is, too)."""
         self.down()
+        shutil.rmtree(self.server_home, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
 
     def status(self) -> PostgresStatus:
@@ -143,6 +169,7 @@ class PostgresCluster:
             port=self.port,
             data_dir=self.data_dir,
             log_file=self.log_file,
+            socket_dir=self.socket_dir,
         )
 
     def is_running(self) -> bool:
@@ -187,25 +214,30 @@ class PostgresCluster:
         """Create the cluster once: data folder, generated superuser password, settings."""
         if (self.data_dir / "PG_VERSION").exists():
             return
-        for folder in (self.home, self.socket_dir):
-            folder.mkdir(parents=True, exist_ok=True)
-        if not self.password_file.exists():
-            self.password_file.write_text(secrets.token_urlsafe(24) + "\n")
-            self.password_file.chmod(0o600)
+        self.home.mkdir(parents=True, exist_ok=True)
+        read_or_create_secret(self.password_file)
+        server = self.server_home
+        if server == self.home or os.geteuid() != 0:
+            server.mkdir(mode=0o700, parents=True, exist_ok=True)
+            server.chmod(0o700)
+        else:  # a folder outside the stack's: made by the server's user, 0700 all the way
+            for folder in (server.parent, server):
+                self._run("mkdir", "-p", "-m", "0700", str(folder), check=False)
         if self.data_dir.exists():
             shutil.rmtree(self.data_dir)  # a half-made data folder from an interrupted init
         self.data_dir.mkdir(mode=0o700)
-        self._give_to_run_as(self.home)
-        if os.geteuid() == 0 and self._run("test", "-w", str(self.home), check=False).returncode:
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)
+        self._give_to_run_as(server)
+        if os.geteuid() == 0 and self._run("test", "-w", str(server), check=False).returncode:
             raise StackError(
-                f"the {RUN_AS} user cannot reach {self.home}: a parent folder is closed to "
-                "other users; set OUTBOX_STACK_DIR to a folder it can traverse"
+                f"the {RUN_AS} user cannot reach {server}: a parent folder is closed to "
+                "other users; unset OUTBOX_STACK_POSTGRES_SERVER_DIR (the stack then picks a "
+                "folder it owns) or point it at a folder it can traverse"
             )
-        # initdb reads the password from a file the postgres user can read; it is removed after.
-        pwfile = self.home / ".initdb-pwfile"
-        pwfile.write_text(self.password())
-        pwfile.chmod(0o600)
-        self._give_to_run_as(pwfile)
+        # initdb reads the password from a file of the server's user, 0600, removed after.
+        pwfile = server / ".initdb-pwfile"
+        pwfile.unlink(missing_ok=True)
+        write_secret(pwfile, self.password(), owner=self._run_as_ids())
         try:
             self._run(
                 str(self.settings.postgres_bin / "initdb"),
@@ -215,7 +247,7 @@ class PostgresCluster:
                 SUPERUSER,
                 "--pwfile",
                 str(pwfile),
-                "--auth-local=trust",
+                "--auth-local=scram-sha-256",
                 "--auth-host=scram-sha-256",
                 "-E",
                 "UTF8",
@@ -259,13 +291,22 @@ class PostgresCluster:
     # --- helpers ---------------------------------------------------------------------------
 
     def _start(self) -> None:
+        socket = self.socket_dir / f".s.PGSQL.{self.port}"
+        if len(str(socket)) > _SOCKET_PATH_MAX:
+            log.warning("no Unix socket: its path would be too long (%s); TCP only", socket)
         settings = {
             **SERVER_SETTINGS,
             "port": str(self.port),
-            "unix_socket_directories": str(self.socket_dir),
+            "unix_socket_directories": (
+                str(self.socket_dir) if len(str(socket)) <= _SOCKET_PATH_MAX else ""
+            ),
+            "unix_socket_permissions": "0700",
         }
         # pg_ctl hands these to a shell: quote every value.
         options = " ".join(f"-c {name}={shlex.quote(value)}" for name, value in settings.items())
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)  # clusters made before it existed
+        self.socket_dir.chmod(0o700)
+        self._give_to_run_as(self.socket_dir)
         self.log_file.touch()
         self._give_to_run_as(self.log_file)
         result = self._pg_ctl(
@@ -297,10 +338,17 @@ class PostgresCluster:
 
     def _run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         full = ["runuser", "-u", RUN_AS, "--", *command] if os.geteuid() == 0 else list(command)
-        result = subprocess.run(full, capture_output=True, text=True, check=False)
+        # cwd "/": the server's user may not reach the caller's folder.
+        result = subprocess.run(full, capture_output=True, text=True, check=False, cwd="/")
         if check and result.returncode != 0:
             raise StackError(f"{command[0]} failed ({result.returncode}):\n{result.stderr[-2000:]}")
         return result
+
+    def _run_as_ids(self) -> tuple[int, int] | None:
+        if os.geteuid() != 0:
+            return None
+        entry = pwd.getpwnam(RUN_AS)
+        return entry.pw_uid, entry.pw_gid
 
     def _give_to_run_as(self, path: Path) -> None:
         if os.geteuid() != 0:
