@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import pwd
 import re
+import shlex
 import shutil
+import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +18,13 @@ import psycopg
 import pytest
 
 from outbox.settings import KafkaSettings
-from stack import PostgresCluster, StackError, StackSettings
+from stack import PostgresCluster, StackSettings
+from stack.connect import CONNECTOR_SECRETS, INHERITED_VARIABLES
 from stack.local import LocalStack
+from stack.server_home import outside_home
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
+from tests.fix_stack import KafkaServices
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,16 +40,119 @@ def own_cluster() -> Iterator[PostgresCluster]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_folder_the_postgres_user_cannot_reach_is_explained(
+def test_a_stack_folder_closed_to_other_users_works(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("only root hands the cluster to the postgres user")
+    """A checkout inside a 0700 folder (root's home on Debian): as root the server's files go
+    to a folder of the postgres user's, stable across runs and named by `stack status`; as
+    any other user they stay in the stack folder. Secrets stay in the stack folder."""
     closed = tmp_path_factory.mktemp("closed")
     closed.chmod(0o700)
-    cluster = PostgresCluster(StackSettings(dir=closed / "inner", postgres_port=free_port()))
-    with pytest.raises(StackError, match="OUTBOX_STACK_DIR"):
-        cluster.up()
+    settings = StackSettings(dir=closed / "checkout" / ".stack", postgres_port=free_port())
+    cluster = PostgresCluster(settings)
+    try:
+        status = cluster.up()
+        if os.geteuid() == 0:
+            expected = outside_home(settings.root)
+            assert expected.parent == Path(pwd.getpwnam("postgres").pw_dir) / "outbox-stack"
+            for folder in (expected, expected.parent):
+                info = folder.stat()
+                assert (info.st_mode & 0o777, pwd.getpwuid(info.st_uid).pw_name) == (
+                    0o700,
+                    "postgres",
+                ), folder
+        else:
+            expected = settings.root / "postgres"
+        assert status.data_dir == expected / "data" and status.running
+        assert status.log_file == expected / "postgres.log"
+        assert cluster.password_file.parent == settings.root / "postgres"
+        again = PostgresCluster(settings)  # a later run finds the same cluster
+        assert again.data_dir == status.data_dir and again.pid() == status.pid
+        with psycopg.connect(again.conninfo()) as connection:
+            assert connection.execute("SELECT 1").fetchone() == (1,)
+        shown = run_outbox(
+            "stack",
+            "status",
+            env={"OUTBOX_STACK_DIR": str(settings.dir), **ports_env(settings)},
+            timeout=60,
+        )
+        assert f"data     {status.data_dir}" in shown.stdout, shown.stdout
+    finally:
+        cluster.destroy()
+    assert not cluster.server_home.exists() and not cluster.home.exists()
+
+
+def ports_env(settings: StackSettings) -> dict[str, str]:
+    return {
+        "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
+        "OUTBOX_STACK_BROKER_PORT": str(free_port()),
+        "OUTBOX_STACK_CONNECT_PORT": str(free_port()),
+    }
+
+
+def test_no_trust_the_socket_is_private_and_asks_for_the_password(
+    own_cluster: PostgresCluster,
+) -> None:
+    """No `trust` line in pg_hba.conf; the socket folder is 0700 and the server's user's; over
+    the socket a wrong password is refused and the right one accepted (SCRAM)."""
+    own_cluster.up()
+    rules = [
+        line.split()
+        for line in (own_cluster.data_dir / "pg_hba.conf").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert rules and all(rule[-1] == "scram-sha-256" for rule in rules), rules
+    info = own_cluster.socket_dir.stat()
+    server_user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    assert (info.st_mode & 0o777, pwd.getpwuid(info.st_uid).pw_name) == (0o700, server_user)
+    assert (own_cluster.socket_dir / f".s.PGSQL.{own_cluster.port}").exists()
+    over_socket = {
+        "host": str(own_cluster.socket_dir),
+        "port": own_cluster.port,
+        "user": "postgres",
+        "dbname": "postgres",
+        "connect_timeout": 5,
+    }
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(**over_socket, password="wrong")
+    with psycopg.connect(**over_socket, password=own_cluster.password()) as connection:
+        assert connection.execute("SELECT current_user").fetchone() == ("postgres",)
+
+
+def test_secret_files_are_0600_from_their_first_byte(
+    own_cluster: PostgresCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With umask 0, the superuser's and CDC passwords and initdb's password file are each
+    written through a descriptor whose file is already 0600 (never written, then chmod'ed)."""
+    writes: list[os.stat_result] = []
+    write = os.write
+
+    def spy(descriptor: int, data: bytes) -> int:
+        status = os.fstat(descriptor)
+        if stat.S_ISREG(status.st_mode):
+            writes.append(status)
+        return write(descriptor, data)
+
+    monkeypatch.setattr(os, "write", spy)
+    previous = os.umask(0)
+    try:
+        own_cluster.up()
+        own_cluster.cdc_password()
+    finally:
+        os.umask(previous)
+    secrets = [own_cluster.password_file, own_cluster.home / "cdc.password"]
+    for secret in secrets:
+        first = [status for status in writes if status.st_ino == secret.stat().st_ino]
+        assert first, f"{secret} was not written through a descriptor of its own"
+        assert (first[0].st_mode & 0o777, first[0].st_size) == (0o600, 0), secret
+        assert secret.stat().st_mode & 0o777 == 0o600
+    server_uid = pwd.getpwnam("postgres").pw_uid if os.geteuid() == 0 else os.geteuid()
+    inodes = {secret.stat().st_ino for secret in secrets}
+    initdb_pwfile = [status for status in writes if status.st_ino not in inodes]
+    assert [(s.st_mode & 0o777, s.st_size, s.st_uid) for s in initdb_pwfile] == [
+        (0o600, 0, server_uid)
+    ], "initdb's password file: 0600 and the server user's before its first byte"
+    assert not list(own_cluster.server_home.glob(".initdb-pwfile*")), "removed after initdb"
 
 
 def test_up_is_idempotent_and_the_cluster_is_ready_for_cdc(own_cluster: PostgresCluster) -> None:
@@ -90,8 +200,12 @@ def test_the_password_is_required_over_tcp(own_cluster: PostgresCluster) -> None
         )
 
 
+@pytest.mark.timeout(600)
 def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
-    """`outbox stack up|status|env|logs|down` over all three services, on ports of its own."""
+    """`outbox stack up|status|env|logs|down` over all three services, on ports of its own;
+    then, as the README says, from a shell that ran `eval "$(outbox stack env)"` (which
+    exports the stack's own broker as OUTBOX_KAFKA_BOOTSTRAP_SERVERS): `down` stops that
+    broker and `up` starts it again, it is never taken for an external one."""
     settings = StackSettings(
         dir=own_cluster.settings.dir,
         postgres_port=own_cluster.port,
@@ -109,6 +223,17 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
 
     def outbox(*args: str) -> subprocess.CompletedProcess[str]:
         return run_outbox("stack", *args, env=env, timeout=240)
+
+    def after_eval(command: str) -> subprocess.CompletedProcess[str]:
+        cli = f"{shlex.quote(sys.executable)} -m cli.main stack"
+        return subprocess.run(
+            ["bash", "-c", f'eval "$({cli} env)" && {cli} {command}'],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
 
     stack = LocalStack(settings, KafkaSettings())
     try:
@@ -132,9 +257,19 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         exported = outbox("env").stdout
         assert exported.startswith("export OUTBOX_DATABASE_URL=")
         assert own_cluster.password() in exported
-        assert f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:{settings.broker_port}'" in exported
+        assert f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.broker_port}\n" in exported
         logs = outbox("logs").stdout
         assert "==> connect <==" in logs and "Kafka Connect started" in logs
+
+        stopped = after_eval("down")
+        assert stopped.returncode == 0, stopped.stderr
+        assert "external" not in stopped.stdout
+        assert not any(line.running for line in stack.status()), "down stopped all three"
+        started = after_eval("up")
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert all(line.running for line in stack.status()), "up started all three"
+        assert "(Tansu, in memory)" in after_eval("status").stdout
+
         stopped = outbox("down")
         assert stopped.returncode == 0
         assert not any(line.running for line in stack.status())
@@ -146,3 +281,35 @@ def test_a_bad_port_setting_is_refused_naming_the_variable() -> None:
     result = run_outbox("stack", "status", env={"OUTBOX_STACK_POSTGRES_PORT": "80"}, timeout=60)
     assert result.returncode == 2
     assert "OUTBOX_STACK_POSTGRES_PORT" in result.stderr
+
+
+def test_connect_gets_only_the_variables_it_needs(kafka_services: KafkaServices) -> None:
+    """The worker's environment is an allow-list plus the connector's secret, and `${env:…}`
+    in a connector config resolves that secret only: PATH, which the worker has, stays
+    unresolved when Connect's REST API validates a config (which resolves providers)."""
+    pid = kafka_services.connect.process.pid()
+    assert pid is not None
+    names = {
+        entry.split(b"=", 1)[0].decode()
+        for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if entry
+    }
+    assert "OUTBOX_CONNECT_DATABASE_PASSWORD" in names and "PATH" in names
+    assert names <= set(INHERITED_VARIABLES) | set(CONNECTOR_SECRETS), names
+
+    def resolved(variable: str) -> str:
+        answer = kafka_services.connect.client.request(
+            "PUT",
+            "/connector-plugins/FileStreamSourceConnector/config/validate",
+            {
+                "connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector",
+                "name": "probe",
+                "file": "/dev/null",
+                "topic": f"${{env:{variable}}}",
+            },
+        )
+        (topic,) = [item["value"] for item in answer["configs"] if item["value"]["name"] == "topic"]
+        return str(topic["value"])
+
+    assert resolved("PATH") == "${env:PATH}", "a variable outside the allow-list was read"
+    assert resolved("OUTBOX_CONNECT_DATABASE_PASSWORD") == kafka_services.cdc_password
