@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from stack.artifacts import ensure_postgres_binaries
 from stack.errors import StackError
 from stack.secrets import read_or_create_secret, write_secret
 from stack.server_home import RUN_AS, server_home
@@ -189,26 +191,7 @@ class PostgresCluster:
 
     def ensure_binaries(self) -> None:
         """Make sure PostgreSQL 15's binaries are there; as root, install them with apt-get."""
-        if (self.settings.postgres_bin / "initdb").exists():
-            return
-        if os.geteuid() != 0:
-            raise StackError(
-                f"PostgreSQL 15 is not installed ({self.settings.postgres_bin}/initdb is "
-                "missing): install it with `sudo apt-get install -y postgresql-15`, or set "
-                "OUTBOX_STACK_POSTGRES_BIN to the folder of its binaries"
-            )
-        log.warning("installing postgresql-15 with apt-get")
-        # Debian would otherwise create and start a system cluster on port 5432.
-        conf = Path("/etc/postgresql-common/createcluster.conf")
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        if not conf.exists() or "create_main_cluster = false" not in conf.read_text():
-            with conf.open("a") as handle:
-                handle.write("\ncreate_main_cluster = false\n")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql-15"]):
-            result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                raise StackError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
+        ensure_postgres_binaries(self.settings.postgres_bin)
 
     def init(self) -> None:
         """Create the cluster once: data folder, generated superuser password, settings."""
@@ -304,9 +287,11 @@ class PostgresCluster:
         }
         # pg_ctl hands these to a shell: quote every value.
         options = " ".join(f"-c {name}={shlex.quote(value)}" for name, value in settings.items())
-        self.socket_dir.mkdir(mode=0o700, exist_ok=True)  # clusters made before it existed
+        # Clusters made by older versions: a 0755 socket folder, `trust` for the socket.
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)
         self.socket_dir.chmod(0o700)
         self._give_to_run_as(self.socket_dir)
+        self._refuse_trust()
         self.log_file.touch()
         self._give_to_run_as(self.log_file)
         result = self._pg_ctl(
@@ -326,6 +311,23 @@ class PostgresCluster:
                 f"the private Postgres did not start (port {self.port} taken?):\n"
                 f"{result.stdout}{result.stderr}\n--- {self.log_file} ---\n{tail}"
             )
+
+    def _refuse_trust(self) -> None:
+        """Rewrite any ``trust`` rule of pg_hba.conf to ``scram-sha-256`` (the superuser has a
+        password since initdb), in place: the file keeps its owner and mode."""
+        hba = self.data_dir / "pg_hba.conf"
+        lines = hba.read_text().splitlines(keepends=True)
+        fixed = [
+            re.sub(r"\btrust(\s*)$", r"scram-sha-256\1", line)
+            if not line.lstrip().startswith("#")
+            else line
+            for line in lines
+        ]
+        if fixed != lines:
+            log.warning("pg_hba.conf of %s: `trust` replaced by scram-sha-256", self.data_dir)
+            with hba.open("r+") as handle:
+                handle.write("".join(fixed))
+                handle.truncate()
 
     def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self._run(

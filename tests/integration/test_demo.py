@@ -20,8 +20,9 @@ pytestmark = pytest.mark.timeout(480)
 def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
     """A stack of its own (Postgres, broker, Connect on free ports), the order service, CDC,
     Spark into the lake, and the report: what the lake says equals what was committed."""
+    # mkdtemp makes it 0700: as root, the postgres user cannot reach it, like a clone in
+    # root's home; the stack puts the server's files in a folder of that user's own.
     folder = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
-    folder.chmod(0o755)
     settings = StackSettings(
         dir=folder,
         postgres_port=free_port(),

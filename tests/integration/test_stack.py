@@ -119,6 +119,31 @@ def test_no_trust_the_socket_is_private_and_asks_for_the_password(
         assert connection.execute("SELECT current_user").fetchone() == ("postgres",)
 
 
+def test_a_cluster_made_with_trust_is_hardened_at_its_next_start(
+    own_cluster: PostgresCluster,
+) -> None:
+    """A cluster from an older version (`trust` for the socket, socket folder 0755): the next
+    `up` makes it SCRAM and 0700, and a wrong password over the socket is refused."""
+    own_cluster.up()
+    own_cluster.down()
+    hba = own_cluster.data_dir / "pg_hba.conf"
+    hba.write_text(re.sub(r"(?m)^(local\s.*?)scram-sha-256$", r"\1trust", hba.read_text()))
+    own_cluster.socket_dir.chmod(0o755)
+    assert "trust" in hba.read_text()
+    own_cluster.up()
+    assert not re.search(r"(?m)^[^#]*\btrust\b", hba.read_text())
+    assert own_cluster.socket_dir.stat().st_mode & 0o777 == 0o700
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(
+            host=str(own_cluster.socket_dir),
+            port=own_cluster.port,
+            user="postgres",
+            dbname="postgres",
+            password="wrong",
+            connect_timeout=5,
+        )
+
+
 def test_secret_files_are_0600_from_their_first_byte(
     own_cluster: PostgresCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
