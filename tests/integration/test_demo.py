@@ -51,8 +51,38 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         assert events == {"OrderPlaced": str(placed), "OrderPaid": str(paid)}
         statuses = dict(re.findall(r"│ (paid|placed)\s+│ (\d+)", result.stdout))
         assert statuses == {"paid": str(paid), "placed": str(placed - paid)}
-        assert re.search(r"commit-to-queryable latency .* p50 [\d.]+ s", result.stdout)
+        latency = re.search(r"commit-to-queryable latency .* p50 ([\d.]+) s", result.stdout)
+        assert latency is not None, result.stdout
+        # The lake job ran while the orders were written: the figure is freshness.
+        assert float(latency.group(1)) < 10, result.stdout
+        logs = dict(LOG_LINE.findall(result.stdout))
+        assert set(logs) == {"lake job (Spark)", "Kafka Connect"}, result.stdout
+        assert all(Path(path).exists() for path in logs.values())
+        assert "lake ingest started" in Path(logs["lake job (Spark)"]).read_text()
+        console = result.stdout + result.stderr
+        assert not re.search(r"\bWARN|log4j|Exception", console), "services write to files only"
+        assert "outbox lake query" in result.stdout and "outbox stack down" in result.stdout
+        assert not _lake_jobs_of(folder), "the demo stopped its lake job"
     finally:
         LocalStack(settings).down()
         PostgresCluster(settings).destroy()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+LOG_LINE = re.compile(r"^  (lake job \(Spark\)|Kafka Connect)\s+(/\S+)$", re.MULTILINE)
+
+
+def _lake_jobs_of(folder: Path) -> list[int]:
+    """Pids of `outbox lake ingest` processes writing into ``folder``'s lake."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+            environment = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        if b"lake\0ingest" in command and str(folder).encode() in environment:
+            found.append(int(entry.name))
+    return found
