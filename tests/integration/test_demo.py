@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.demo import LAKE_JOB_READY
 from stack import PostgresCluster, StackSettings
 from stack.local import LocalStack
 from tests.cli import run_outbox
@@ -58,7 +59,7 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         logs = dict(LOG_LINE.findall(result.stdout))
         assert set(logs) == {"lake job (Spark)", "Kafka Connect"}, result.stdout
         assert all(Path(path).exists() for path in logs.values())
-        assert "lake ingest started" in Path(logs["lake job (Spark)"]).read_text()
+        assert LAKE_JOB_READY in Path(logs["lake job (Spark)"]).read_text()
         console = result.stdout + result.stderr
         assert not re.search(r"\bWARN|log4j|Exception", console), "services write to files only"
         assert "outbox lake query" in result.stdout and "outbox stack down" in result.stdout
@@ -83,6 +84,6 @@ def _lake_jobs_of(folder: Path) -> list[int]:
             environment = (entry / "environ").read_bytes()
         except OSError:
             continue  # gone meanwhile
-        if b"lake\0ingest" in command and str(folder).encode() in environment:
+        if b"--lake-job" in command and str(folder).encode() in environment:
             found.append(int(entry.name))
     return found
