@@ -2,9 +2,10 @@
 
 The pid file is the only state: ``is_running`` checks that the recorded process is alive
 and is still the program we started (its command line names it), so a recycled pid is
-never mistaken for ours. ``stop`` sends SIGTERM, waits, and only then SIGKILL; with
-``group=True`` to the whole process group it started (a program with children of its own,
-such as a Spark driver and its JVM), waiting until none is left.
+never mistaken for ours. ``stop`` sends SIGTERM, waits, and only then SIGKILL. With
+``group=True`` (a program with children of its own, such as a Spark driver and its JVM) the
+SIGTERM goes to the program alone, which stops its children cleanly, and ``stop`` waits until
+no process of the group it started is left; SIGKILL, if needed, goes to the whole group.
 """
 
 from __future__ import annotations
@@ -76,17 +77,17 @@ class ServiceProcess:
     def stop(self, *, timeout: float = 30.0, group: bool = False) -> None:
         """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. No-op when not running.
 
-        ``group``: signal the process group ``start`` made (its session), and wait for all.
+        ``group``: wait for the whole process group ``start`` made (its session), and SIGKILL
+        all of it after ``timeout``.
         """
         pid = self.pid()
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return
-        send = os.killpg if group else os.kill
-        send(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
         if not self._wait_gone(pid, timeout, group=group):
             with contextlib.suppress(ProcessLookupError):
-                send(pid, signal.SIGKILL)
+                (os.killpg if group else os.kill)(pid, signal.SIGKILL)
             if not self._wait_gone(pid, 10.0, group=group):
                 raise StackError(f"{self.name} (pid {pid}) did not stop after SIGKILL")
         self.pid_file.unlink(missing_ok=True)

@@ -76,7 +76,7 @@ LOG_LINE = re.compile(r"^  (lake job \(Spark\)|Kafka Connect)\s+(/\S+)$", re.MUL
 
 
 def _lake_jobs_of(folder: Path) -> list[int]:
-    """Pids of `outbox lake ingest` processes writing into ``folder``'s lake."""
+    """Pids of the demo's lake job (and its Spark JVM) writing into ``folder``'s lake."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -86,6 +86,7 @@ def _lake_jobs_of(folder: Path) -> list[int]:
             environment = (entry / "environ").read_bytes()
         except OSError:
             continue  # gone meanwhile
-        if b"--lake-job" in command and str(folder).encode() in environment:
+        ours = str(folder).encode() in environment
+        if ours and (b"--lake-job" in command or b"java" in command):  # the job or its JVM
             found.append(int(entry.name))
     return found
