@@ -198,6 +198,7 @@ class PostgresCluster:
         if (self.data_dir / "PG_VERSION").exists():
             return
         self.home.mkdir(parents=True, exist_ok=True)
+        self._server_home = None  # decide again: a umask of 077 may just have closed the folder
         read_or_create_secret(self.password_file)
         server = self.server_home
         if server == self.home or os.geteuid() != 0:
