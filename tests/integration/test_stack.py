@@ -41,14 +41,12 @@ def own_cluster() -> Iterator[PostgresCluster]:
 
 
 @pytest.mark.parametrize("closed_by", ["a parent folder of mode 0700", "a umask of 077"])
-def test_a_stack_folder_closed_to_other_users_works(
-    tmp_path_factory: pytest.TempPathFactory, closed_by: str
-) -> None:
+def test_a_stack_folder_closed_to_other_users_works(closed_by: str) -> None:
     """A checkout inside a 0700 folder (root's home on Debian), or a stack folder made under a
     umask of 077: as root the server's files go to a folder of the postgres user's, stable
     across runs and named by `stack status`; as any other user they stay in the stack folder.
     Secrets stay in the stack folder."""
-    closed = tmp_path_factory.mktemp("closed")
+    closed = Path(tempfile.mkdtemp(prefix="outbox-closed-"))  # not under pytest's 0700 folder
     closed.chmod(0o700 if closed_by.startswith("a parent") else 0o755)
     previous_umask = os.umask(0o077 if closed_by.startswith("a umask") else 0o022)
     settings = StackSettings(dir=closed / "checkout" / ".stack", postgres_port=free_port())
@@ -85,6 +83,7 @@ def test_a_stack_folder_closed_to_other_users_works(
         assert f"data     {status.data_dir}" in shown.stdout, shown.stdout
     finally:
         cluster.destroy()
+        shutil.rmtree(closed, ignore_errors=True)
     assert not cluster.server_home.exists() and not cluster.home.exists()
 
 
