@@ -14,6 +14,7 @@ password files are created 0600 from their first byte (:mod:`stack.secrets`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -161,7 +162,12 @@ class PostgresCluster:
     def destroy(self) -> None:
         """Stop the cluster and delete its folders (the server's, wherever it is, too)."""
         self.down()
-        shutil.rmtree(self.server_home, ignore_errors=True)
+        # Only what the server made: OUTBOX_STACK_POSTGRES_SERVER_DIR may name a shared folder.
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        self.log_file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.server_home.rmdir()  # when empty
         shutil.rmtree(self.home, ignore_errors=True)
 
     def status(self) -> PostgresStatus:

