@@ -48,15 +48,22 @@ class TansuBroker:
         self.settings = settings if settings is not None else StackSettings()
         self.process = ServiceProcess("tansu", self.settings.root / "broker", marker="tansu")
         self.address_file = self.process.home / "tansu.address"
-        self.bootstrap_servers = self.settings.bootstrap_servers
+        # A running broker is where it was started, whatever the settings say now.
+        self.bootstrap_servers = self._running_address() or self.settings.bootstrap_servers
 
     def is_own(self, bootstrap_servers: str) -> bool:
         """Whether ``bootstrap_servers`` names this broker: the address it is configured for,
         or the one its running process was started on."""
-        own = [self.bootstrap_servers]
-        if self.process.is_running() and self.address_file.exists():
-            own.append(self.address_file.read_text().strip())
-        return any(same_servers(bootstrap_servers, address) for address in own)
+        own = [self.settings.bootstrap_servers, self._running_address()]
+        return any(address and same_servers(bootstrap_servers, address) for address in own)
+
+    def _running_address(self) -> str | None:
+        if not self.process.is_running():
+            return None
+        try:
+            return self.address_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
 
     def up(self) -> BrokerStatus:
         """Start if stopped; wait until a Kafka client gets the cluster's metadata."""

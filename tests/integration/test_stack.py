@@ -19,6 +19,7 @@ import pytest
 
 from outbox.settings import KafkaSettings
 from stack import PostgresCluster, StackSettings
+from stack.broker import TansuBroker
 from stack.connect import CONNECTOR_SECRETS, INHERITED_VARIABLES
 from stack.local import LocalStack
 from stack.server_home import outside_home
@@ -366,3 +367,30 @@ def test_connect_gets_only_the_variables_it_needs(kafka_services: KafkaServices)
 
     assert resolved("PATH") == "${env:PATH}", "a variable outside the allow-list was read"
     assert resolved("OUTBOX_CONNECT_DATABASE_PASSWORD") == kafka_services.cdc_password
+
+
+def test_the_stack_knows_its_running_broker_by_the_address_it_recorded(tmp_path: Path) -> None:
+    """A broker started on one port, then a shell whose settings name another port but whose
+    OUTBOX_KAFKA_BOOTSTRAP_SERVERS names the running broker: still the stack's own (`down`
+    stops it); a bootstrap server that is not the stack's is external."""
+    started_on = StackSettings(
+        dir=tmp_path, broker_port=free_port(), downloads=ROOT / ".cache" / "stack"
+    )
+    broker = TansuBroker(started_on)
+    broker.up()
+    try:
+        later = StackSettings(
+            dir=tmp_path, broker_port=free_port(), downloads=ROOT / ".cache" / "stack"
+        )
+        exported = KafkaSettings(bootstrap_servers=f"localhost:{started_on.broker_port}")
+        stack = LocalStack(later, exported)
+        assert stack.external_kafka is None and stack.broker is not None
+        assert stack.bootstrap_servers == started_on.bootstrap_servers
+        assert stack.connect.bootstrap_servers == started_on.bootstrap_servers
+        external = LocalStack(later, KafkaSettings(bootstrap_servers="kafka.example:9092"))
+        assert external.broker is None and external.external_kafka == "kafka.example:9092"
+        assert "(external)" in external.status()[1].address
+        stack.own_broker.down()
+        assert not broker.process.is_running()
+    finally:
+        broker.down()
