@@ -220,13 +220,12 @@ def _start_ingest(ingest: ServiceProcess, settings: LakeSettings, bootstrap: str
     in its log file, and wait until its first trigger has run: from then on an event reaches
     the lake within a trigger or two, which is what the demo's latency shows."""
     root = settings.root if not settings.is_local else str(Path(settings.root).resolve())
+    # The user's other OUTBOX_LAKE_* settings come with the environment; the demo's own two
+    # (its topics, an absolute root: the job runs in another folder) are set here.
     env = {
         **os.environ,
-        **{
-            f"OUTBOX_LAKE_{name.upper()}": str(value)
-            for name, value in settings.model_dump().items()
-        },
         "OUTBOX_LAKE_ROOT": root,
+        "OUTBOX_LAKE_TOPIC_PATTERN": settings.topic_pattern,
         "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
     }
     ingest.home.mkdir(parents=True, exist_ok=True)
