@@ -21,8 +21,9 @@ demo: $(STAMP)
 	$(BIN)/outbox demo
 
 ## test: the whole test suite against real services started by the suite itself
+## (PYTEST_ARGS narrows it, e.g. `make test PYTEST_ARGS=tests/unit`)
 test: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 ## lint: ruff and mypy --strict on the package code
 lint: $(STAMP)

@@ -30,6 +30,8 @@ def _print(lines: list[ServiceLine]) -> None:
         pid = f"  (pid {line.pid})" if line.pid else ""
         typer.echo(f"{line.name:<9} {state:<8} {line.address}{pid}")
         typer.echo(f"{'':<9} {'log':<8} {line.log}")
+        if line.data:
+            typer.echo(f"{'':<9} {'data':<8} {line.data}")
 
 
 @app.command()
@@ -81,11 +83,25 @@ def env() -> None:
 
     The output holds the generated database password: eval it, do not paste it anywhere.
     """
+    from stack.local import shell_exports
+
     stack = _stack()
     with friendly_errors():
-        url = stack.postgres.url()
-    typer.echo(f"export OUTBOX_DATABASE_URL='{url}'")
-    typer.echo(f"export OUTBOX_KAFKA_BOOTSTRAP_SERVERS='{stack.bootstrap_servers}'")
-    typer.echo(f"export OUTBOX_CONNECT_DATABASE_PASSWORD='{stack.cdc_password()}'")
-    typer.echo(f"export OUTBOX_CONNECT_DATABASE_PORT='{stack.postgres.port}'")
-    typer.echo(f"export OUTBOX_CONNECT_URL='{stack.connect.rest_url}'")
+        exports = shell_exports(stack.environment())
+    typer.echo(exports, nl=False)
+
+
+@app.command()
+def destroy(
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Stop every service and delete the stack's data (the database too, also when it lives
+    outside the stack folder). Downloads in .cache/ are kept."""
+    stack = _stack()
+    if not yes:
+        typer.confirm(
+            f"Delete the database in {stack.postgres.data_dir} and the stack's logs?", abort=True
+        )
+    with friendly_errors():
+        stack.destroy()
+    typer.echo(f"deleted the stack of {stack.settings.root}")

@@ -21,7 +21,13 @@ from pathlib import Path
 
 from stack.errors import StackError
 
-__all__ = ["CONNECT_WHEEL", "TANSU_WHEEL", "connect_classpath", "tansu_binary"]
+__all__ = [
+    "CONNECT_WHEEL",
+    "TANSU_WHEEL",
+    "connect_classpath",
+    "ensure_postgres_binaries",
+    "tansu_binary",
+]
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +128,27 @@ def _ensure_debian_jetty() -> None:
             raise StackError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
     if not all(jar.exists() for jar in _DEBIAN_JETTY):
         raise StackError(f"libjetty9-java did not provide {', '.join(map(str, _DEBIAN_JETTY))}")
+
+
+def ensure_postgres_binaries(bin_dir: Path) -> None:
+    """Make sure PostgreSQL 15's binaries are in ``bin_dir``; as root, install them (apt-get)."""
+    if (bin_dir / "initdb").exists():
+        return
+    if os.geteuid() != 0:
+        raise StackError(
+            f"PostgreSQL 15 is not installed ({bin_dir}/initdb is "
+            "missing): install it with `sudo apt-get install -y postgresql-15`, or set "
+            "OUTBOX_STACK_POSTGRES_BIN to the folder of its binaries"
+        )
+    log.warning("installing postgresql-15 with apt-get")
+    # Debian would otherwise create and start a system cluster on port 5432.
+    conf = Path("/etc/postgresql-common/createcluster.conf")
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    if not conf.exists() or "create_main_cluster = false" not in conf.read_text():
+        with conf.open("a") as handle:
+            handle.write("\ncreate_main_cluster = false\n")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql-15"]):
+        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise StackError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")

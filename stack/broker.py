@@ -3,6 +3,10 @@
 Tansu speaks the Kafka wire protocol; this build keeps topics **in memory only**, so a broker
 restart loses every topic (a pause with SIGSTOP/SIGCONT loses nothing). Production and the
 compose file use Apache Kafka; nothing in the project depends on Tansu's quirks.
+
+The broker records the address it was started on next to its pid file, so the stack knows
+its own broker whatever a shell exports (``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` after
+``eval "$(outbox stack env)"`` names it): see :meth:`TansuBroker.is_own`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,21 @@ from stack.errors import StackError
 from stack.process import ServiceProcess
 from stack.settings import StackSettings
 
-__all__ = ["BrokerStatus", "TansuBroker"]
+__all__ = ["BrokerStatus", "TansuBroker", "same_servers"]
+
+
+def _servers(bootstrap_servers: str) -> frozenset[str]:
+    found = set()
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        host = host.strip("[]").lower()
+        found.add(f"{'127.0.0.1' if host == 'localhost' else host}:{port}")
+    return frozenset(found)
+
+
+def same_servers(first: str, second: str) -> bool:
+    """Whether two bootstrap lists name the same servers (order, spaces, localhost aside)."""
+    return _servers(first) == _servers(second)
 
 
 @dataclass(frozen=True)
@@ -29,7 +47,23 @@ class TansuBroker:
     def __init__(self, settings: StackSettings | None = None) -> None:
         self.settings = settings if settings is not None else StackSettings()
         self.process = ServiceProcess("tansu", self.settings.root / "broker", marker="tansu")
-        self.bootstrap_servers = self.settings.bootstrap_servers
+        self.address_file = self.process.home / "tansu.address"
+        # A running broker is where it was started, whatever the settings say now.
+        self.bootstrap_servers = self._running_address() or self.settings.bootstrap_servers
+
+    def is_own(self, bootstrap_servers: str) -> bool:
+        """Whether ``bootstrap_servers`` names this broker: the address it is configured for,
+        or the one its running process was started on."""
+        own = [self.settings.bootstrap_servers, self._running_address()]
+        return any(address and same_servers(bootstrap_servers, address) for address in own)
+
+    def _running_address(self) -> str | None:
+        if not self.process.is_running():
+            return None
+        try:
+            return self.address_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
 
     def up(self) -> BrokerStatus:
         """Start if stopped; wait until a Kafka client gets the cluster's metadata."""
@@ -48,11 +82,13 @@ class TansuBroker:
                     "memory://tansu/",
                 ]
             )
+            self.address_file.write_text(self.bootstrap_servers + "\n")
         self.wait_until_ready()
         return self.status()
 
     def down(self) -> None:
         self.process.stop()
+        self.address_file.unlink(missing_ok=True)
 
     def status(self) -> BrokerStatus:
         return BrokerStatus(self.process.is_running(), self.process.pid(), self.bootstrap_servers)

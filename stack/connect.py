@@ -3,12 +3,19 @@
 Distributed mode, as in production: connector configs, source offsets and statuses live in
 three compacted broker topics (``outbox-connect-configs``, ``-offsets``, ``-status``), so a
 restarted worker resumes where it stopped. REST on ``127.0.0.1:<connect port>`` only.
+
+Least privilege: the worker's process gets an allow-list of the parent's environment
+(:data:`INHERITED_VARIABLES`) plus the connector's secrets (:data:`CONNECTOR_SECRETS`), never
+the whole environment; and its ``EnvVarConfigProvider`` resolves ``${env:NAME}`` only for
+those secrets (``allowlist.pattern``), so whoever reaches the REST API cannot read anything
+else (a superuser URL, cloud keys) through a connector config.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import urllib.error
@@ -20,11 +27,21 @@ from stack.errors import StackError
 from stack.process import ServiceProcess
 from stack.settings import StackSettings
 
-__all__ = ["CONNECT_GROUP", "ConnectStatus", "ConnectWorker"]
+__all__ = [
+    "CONNECTOR_SECRETS",
+    "CONNECT_GROUP",
+    "INHERITED_VARIABLES",
+    "ConnectStatus",
+    "ConnectWorker",
+]
 
 CONNECT_GROUP = "outbox-connect"
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 OUTBOX_EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"
+# What the JVM needs from the parent's environment; nothing else reaches the worker.
+INHERITED_VARIABLES = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR", "JAVA_HOME")
+# The only variables a connector config may read (${env:NAME}): the connector file's secrets.
+CONNECTOR_SECRETS = ("OUTBOX_CONNECT_DATABASE_PASSWORD",)
 
 _LOG4J2 = """\
 status = warn
@@ -88,7 +105,19 @@ class ConnectWorker:
             "config.providers.env.class": (
                 "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
             ),
+            "config.providers.env.param.allowlist.pattern": secrets_pattern(),
         }
+
+    def worker_environment(self, secrets: dict[str, str]) -> dict[str, str]:
+        """The worker's whole environment: the allow-listed variables and the secrets."""
+        unknown = set(secrets) - set(CONNECTOR_SECRETS)
+        if unknown:
+            raise StackError(
+                f"Kafka Connect takes only {', '.join(CONNECTOR_SECRETS)} as secrets, "
+                f"not {', '.join(sorted(unknown))}"
+            )
+        inherited = {name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ}
+        return {**inherited, **secrets}
 
     def up(self, *, secrets: dict[str, str] | None = None) -> ConnectStatus:
         """Start if stopped; wait until REST answers and lists Debezium's plugins."""
@@ -119,7 +148,7 @@ class ConnectWorker:
                     "org.apache.kafka.connect.cli.ConnectDistributed",
                     str(properties),
                 ],
-                env={**os.environ, **(secrets or {})},
+                env=self.worker_environment(secrets or {}),
             )
         self.wait_until_ready()
         return self.status()
@@ -159,3 +188,8 @@ class ConnectWorker:
             f"{self.settings.connect_start_timeout_seconds:.0f} s (last error: {last_error}); "
             f"see {self.process.log_file}"
         )
+
+
+def secrets_pattern() -> str:
+    """``allowlist.pattern`` of the worker's ``EnvVarConfigProvider``: the secrets, exactly."""
+    return "^(" + "|".join(re.escape(name) for name in CONNECTOR_SECRETS) + ")$"

@@ -1,13 +1,17 @@
 """The whole native stack: PostgreSQL, a Kafka-protocol broker, Kafka Connect with Debezium.
 
 Started in that order and stopped in the reverse order. With
-``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` set, no local broker is started and Connect uses that
-cluster instead.
+``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` set to another cluster, no local broker is started and
+Connect uses that cluster instead. Set to the stack's own broker (as ``outbox stack env``
+exports it), it changes nothing: ``up`` and ``down`` still manage that broker.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from outbox.settings import KafkaSettings
@@ -16,7 +20,13 @@ from stack.connect import ConnectWorker
 from stack.postgres import PostgresCluster
 from stack.settings import StackSettings
 
-__all__ = ["LocalStack", "ServiceLine"]
+__all__ = ["LocalStack", "ServiceLine", "shell_exports"]
+
+
+def shell_exports(variables: Mapping[str, str]) -> str:
+    """``export NAME=value`` lines for ``eval``; every value quoted by ``shlex.quote``, so no
+    character in a value (a quote, ``$``, a backtick, a newline) can run shell."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,7 @@ class ServiceLine:
     address: str
     pid: int | None
     log: str
+    data: str | None = None
 
 
 class LocalStack:
@@ -36,10 +47,15 @@ class LocalStack:
     ) -> None:
         self.settings = settings if settings is not None else StackSettings()
         kafka = kafka if kafka is not None else KafkaSettings()
-        self.external_kafka = kafka.bootstrap_servers
         self.postgres = PostgresCluster(self.settings)
-        self.broker = None if self.external_kafka else TansuBroker(self.settings)
-        self.bootstrap_servers = self.external_kafka or self.settings.bootstrap_servers
+        self.own_broker = TansuBroker(self.settings)
+        exported = kafka.bootstrap_servers
+        # Only a cluster that is not the stack's own broker is external.
+        self.external_kafka = (
+            exported if exported and not self.own_broker.is_own(exported) else None
+        )
+        self.broker = None if self.external_kafka else self.own_broker
+        self.bootstrap_servers = self.external_kafka or self.own_broker.bootstrap_servers
         self.connect = ConnectWorker(self.settings, bootstrap_servers=self.bootstrap_servers)
 
     def up(self) -> list[ServiceLine]:
@@ -49,15 +65,32 @@ class LocalStack:
         self.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password()})
         return self.status()
 
+    def environment(self) -> dict[str, str]:
+        """What ``outbox stack env`` exports: the SDK's and the CLI's settings for this stack."""
+        return {
+            "OUTBOX_DATABASE_URL": self.postgres.url(),
+            "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password(),
+            "OUTBOX_CONNECT_DATABASE_PORT": str(self.postgres.port),
+            "OUTBOX_CONNECT_URL": self.connect.rest_url,
+        }
+
     def cdc_password(self) -> str:
         """OUTBOX_CONNECT_DATABASE_PASSWORD when set, else the stack's generated one."""
         return os.environ.get("OUTBOX_CONNECT_DATABASE_PASSWORD") or self.postgres.cdc_password()
 
     def down(self) -> None:
         self.connect.down()
-        if self.broker is not None:
-            self.broker.down()
+        self.own_broker.down()  # started before an external cluster was set: still ours
         self.postgres.down()
+
+    def destroy(self) -> None:
+        """Stop everything and delete the stack's data: the cluster (its server folder too,
+        wherever it is), the broker's and Connect's folders. Downloads are kept."""
+        self.down()
+        self.postgres.destroy()
+        for process in (self.own_broker.process, self.connect.process):
+            shutil.rmtree(process.home, ignore_errors=True)
 
     def status(self) -> list[ServiceLine]:
         postgres = self.postgres.status()
@@ -68,6 +101,7 @@ class LocalStack:
                 self.postgres.display_url(),
                 postgres.pid,
                 str(postgres.log_file),
+                str(postgres.data_dir),
             )
         ]
         if self.broker is not None:

@@ -1,16 +1,24 @@
 """A private PostgreSQL 15 cluster on loopback, from Debian's binaries.
 
-It lives under ``<stack dir>/postgres`` (data, socket, log, generated password), listens on
-``127.0.0.1:<port>`` only, and runs with ``wal_level=logical`` and room for replication slots,
-so Debezium can tail it. When the current user is root, the cluster runs as the ``postgres``
-system user (``initdb`` refuses root). Nothing here touches a system cluster.
+The generated passwords live in ``<stack dir>/postgres``; the server's own files (data,
+socket, log) live there too, or, when the server's user cannot reach the stack folder, in a
+folder of their own (:mod:`stack.server_home`). It listens on ``127.0.0.1:<port>`` only,
+and runs with ``wal_level=logical`` and room for replication slots, so Debezium can tail it.
+When the current user is root, the cluster runs as the ``postgres`` system user (``initdb``
+refuses root). Nothing here touches a system cluster.
+
+Security: no ``trust`` anywhere: every connection, over TCP and over the Unix socket, proves
+the password (SCRAM); the socket folder is 0700, so only the server's user reaches it;
+password files are created 0600 from their first byte (:mod:`stack.secrets`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import secrets
+import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -22,7 +30,10 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from stack.artifacts import ensure_postgres_binaries
 from stack.errors import StackError
+from stack.secrets import read_or_create_secret, write_secret
+from stack.server_home import RUN_AS, server_home
 from stack.settings import StackSettings
 
 __all__ = ["PostgresCluster", "PostgresStatus"]
@@ -30,7 +41,8 @@ __all__ = ["PostgresCluster", "PostgresStatus"]
 log = logging.getLogger(__name__)
 
 SUPERUSER = "postgres"
-RUN_AS = "postgres"
+# The kernel's limit on a Unix socket's path (sun_path), less the terminating NUL.
+_SOCKET_PATH_MAX = 107
 # Passed at each start (so a restart applies a change). fsync stays on: benchmarks measure
 # real commits. track_commit_timestamp lets tests compare positions with commit order.
 SERVER_SETTINGS = {
@@ -55,6 +67,7 @@ class PostgresStatus:
     port: int
     data_dir: Path
     log_file: Path
+    socket_dir: Path
 
 
 class PostgresCluster:
@@ -63,11 +76,31 @@ class PostgresCluster:
     def __init__(self, settings: StackSettings | None = None) -> None:
         self.settings = settings if settings is not None else StackSettings()
         self.home = self.settings.root / "postgres"
-        self.data_dir = self.home / "data"
-        self.socket_dir = self.home / "run"
-        self.log_file = self.home / "postgres.log"
         self.password_file = self.home / "superuser.password"
         self.port = self.settings.postgres_port
+        self._server_home: Path | None = None
+
+    @property
+    def server_home(self) -> Path:
+        """The folder of the server's data, socket and log (see :mod:`stack.server_home`)."""
+        if self._server_home is None:
+            found = server_home(self.home, self.settings.root, self.settings.postgres_server_dir)
+            if found is None:
+                return self.home  # undecided until PostgreSQL is installed
+            self._server_home = found
+        return self._server_home
+
+    @property
+    def data_dir(self) -> Path:
+        return self.server_home / "data"
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.server_home / "run"
+
+    @property
+    def log_file(self) -> Path:
+        return self.server_home / "postgres.log"
 
     # --- addresses -------------------------------------------------------------------------
 
@@ -91,12 +124,7 @@ class PostgresCluster:
 
     def cdc_password(self) -> str:
         """The password of the local stack's CDC role, generated once (file mode 0600)."""
-        path = self.home / "cdc.password"
-        if not path.exists():
-            self.home.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets.token_urlsafe(24) + "\n")
-            path.chmod(0o600)
-        return path.read_text().strip()
+        return read_or_create_secret(self.home / "cdc.password")
 
     def password(self) -> str:
         try:
@@ -132,8 +160,14 @@ class PostgresCluster:
         self.wait_until_ready()
 
     def destroy(self) -> None:
-        """Stop the cluster and delete its folder."""
+        """Stop the cluster and delete its folders (the server's, wherever it is, too)."""
         self.down()
+        # Only what the server made: OUTBOX_STACK_POSTGRES_SERVER_DIR may name a shared folder.
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        self.log_file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.server_home.rmdir()  # when empty
         shutil.rmtree(self.home, ignore_errors=True)
 
     def status(self) -> PostgresStatus:
@@ -143,6 +177,7 @@ class PostgresCluster:
             port=self.port,
             data_dir=self.data_dir,
             log_file=self.log_file,
+            socket_dir=self.socket_dir,
         )
 
     def is_running(self) -> bool:
@@ -162,50 +197,37 @@ class PostgresCluster:
 
     def ensure_binaries(self) -> None:
         """Make sure PostgreSQL 15's binaries are there; as root, install them with apt-get."""
-        if (self.settings.postgres_bin / "initdb").exists():
-            return
-        if os.geteuid() != 0:
-            raise StackError(
-                f"PostgreSQL 15 is not installed ({self.settings.postgres_bin}/initdb is "
-                "missing): install it with `sudo apt-get install -y postgresql-15`, or set "
-                "OUTBOX_STACK_POSTGRES_BIN to the folder of its binaries"
-            )
-        log.warning("installing postgresql-15 with apt-get")
-        # Debian would otherwise create and start a system cluster on port 5432.
-        conf = Path("/etc/postgresql-common/createcluster.conf")
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        if not conf.exists() or "create_main_cluster = false" not in conf.read_text():
-            with conf.open("a") as handle:
-                handle.write("\ncreate_main_cluster = false\n")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for command in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql-15"]):
-            result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                raise StackError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
+        ensure_postgres_binaries(self.settings.postgres_bin)
 
     def init(self) -> None:
         """Create the cluster once: data folder, generated superuser password, settings."""
         if (self.data_dir / "PG_VERSION").exists():
             return
-        for folder in (self.home, self.socket_dir):
-            folder.mkdir(parents=True, exist_ok=True)
-        if not self.password_file.exists():
-            self.password_file.write_text(secrets.token_urlsafe(24) + "\n")
-            self.password_file.chmod(0o600)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._server_home = None  # decide again: a umask of 077 may just have closed the folder
+        read_or_create_secret(self.password_file)
+        server = self.server_home
+        if server == self.home or os.geteuid() != 0:
+            server.mkdir(mode=0o700, parents=True, exist_ok=True)
+            server.chmod(0o700)
+        else:  # a folder outside the stack's: made by the server's user, 0700 all the way
+            for folder in (server.parent, server):
+                self._run("mkdir", "-p", "-m", "0700", str(folder), check=False)
         if self.data_dir.exists():
             shutil.rmtree(self.data_dir)  # a half-made data folder from an interrupted init
         self.data_dir.mkdir(mode=0o700)
-        self._give_to_run_as(self.home)
-        if os.geteuid() == 0 and self._run("test", "-w", str(self.home), check=False).returncode:
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)
+        self._give_to_run_as(server)
+        if os.geteuid() == 0 and self._run("test", "-w", str(server), check=False).returncode:
             raise StackError(
-                f"the {RUN_AS} user cannot reach {self.home}: a parent folder is closed to "
-                "other users; set OUTBOX_STACK_DIR to a folder it can traverse"
+                f"the {RUN_AS} user cannot reach {server}: a parent folder is closed to "
+                "other users; unset OUTBOX_STACK_POSTGRES_SERVER_DIR (the stack then picks a "
+                "folder it owns) or point it at a folder it can traverse"
             )
-        # initdb reads the password from a file the postgres user can read; it is removed after.
-        pwfile = self.home / ".initdb-pwfile"
-        pwfile.write_text(self.password())
-        pwfile.chmod(0o600)
-        self._give_to_run_as(pwfile)
+        # initdb reads the password from a file of the server's user, 0600, removed after.
+        pwfile = server / ".initdb-pwfile"
+        pwfile.unlink(missing_ok=True)
+        write_secret(pwfile, self.password(), owner=self._run_as_ids())
         try:
             self._run(
                 str(self.settings.postgres_bin / "initdb"),
@@ -215,7 +237,7 @@ class PostgresCluster:
                 SUPERUSER,
                 "--pwfile",
                 str(pwfile),
-                "--auth-local=trust",
+                "--auth-local=scram-sha-256",
                 "--auth-host=scram-sha-256",
                 "-E",
                 "UTF8",
@@ -259,13 +281,24 @@ class PostgresCluster:
     # --- helpers ---------------------------------------------------------------------------
 
     def _start(self) -> None:
+        socket = self.socket_dir / f".s.PGSQL.{self.port}"
+        if len(str(socket)) > _SOCKET_PATH_MAX:
+            log.warning("no Unix socket: its path would be too long (%s); TCP only", socket)
         settings = {
             **SERVER_SETTINGS,
             "port": str(self.port),
-            "unix_socket_directories": str(self.socket_dir),
+            "unix_socket_directories": (
+                str(self.socket_dir) if len(str(socket)) <= _SOCKET_PATH_MAX else ""
+            ),
+            "unix_socket_permissions": "0700",
         }
         # pg_ctl hands these to a shell: quote every value.
         options = " ".join(f"-c {name}={shlex.quote(value)}" for name, value in settings.items())
+        # Clusters made by older versions: a 0755 socket folder, `trust` for the socket.
+        self.socket_dir.mkdir(mode=0o700, exist_ok=True)
+        self.socket_dir.chmod(0o700)
+        self._give_to_run_as(self.socket_dir)
+        self._refuse_trust()
         self.log_file.touch()
         self._give_to_run_as(self.log_file)
         result = self._pg_ctl(
@@ -286,6 +319,23 @@ class PostgresCluster:
                 f"{result.stdout}{result.stderr}\n--- {self.log_file} ---\n{tail}"
             )
 
+    def _refuse_trust(self) -> None:
+        """Rewrite any ``trust`` rule of pg_hba.conf to ``scram-sha-256`` (the superuser has a
+        password since initdb), in place: the file keeps its owner and mode."""
+        hba = self.data_dir / "pg_hba.conf"
+        lines = hba.read_text().splitlines(keepends=True)
+        fixed = [
+            re.sub(r"\btrust(\s*)$", r"scram-sha-256\1", line)
+            if not line.lstrip().startswith("#")
+            else line
+            for line in lines
+        ]
+        if fixed != lines:
+            log.warning("pg_hba.conf of %s: `trust` replaced by scram-sha-256", self.data_dir)
+            with hba.open("r+") as handle:
+                handle.write("".join(fixed))
+                handle.truncate()
+
     def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self._run(
             str(self.settings.postgres_bin / "pg_ctl"),
@@ -297,10 +347,17 @@ class PostgresCluster:
 
     def _run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         full = ["runuser", "-u", RUN_AS, "--", *command] if os.geteuid() == 0 else list(command)
-        result = subprocess.run(full, capture_output=True, text=True, check=False)
+        # cwd "/": the server's user may not reach the caller's folder.
+        result = subprocess.run(full, capture_output=True, text=True, check=False, cwd="/")
         if check and result.returncode != 0:
             raise StackError(f"{command[0]} failed ({result.returncode}):\n{result.stderr[-2000:]}")
         return result
+
+    def _run_as_ids(self) -> tuple[int, int] | None:
+        if os.geteuid() != 0:
+            return None
+        entry = pwd.getpwnam(RUN_AS)
+        return entry.pw_uid, entry.pw_gid
 
     def _give_to_run_as(self, path: Path) -> None:
         if os.geteuid() != 0:

@@ -2,7 +2,10 @@
 
 The pid file is the only state: ``is_running`` checks that the recorded process is alive
 and is still the program we started (its command line names it), so a recycled pid is
-never mistaken for ours. ``stop`` sends SIGTERM, waits, and only then SIGKILL.
+never mistaken for ours. ``stop`` sends SIGTERM, waits, and only then SIGKILL. With
+``group=True`` (a program with children of its own, such as a Spark driver and its JVM) the
+SIGTERM goes to the program alone, which stops its children cleanly, and ``stop`` waits until
+no process of the group it started is left; SIGKILL, if needed, goes to the whole group.
 """
 
 from __future__ import annotations
@@ -71,16 +74,21 @@ class ServiceProcess:
         self.pid_file.write_text(f"{process.pid}\n")
         return process.pid
 
-    def stop(self, *, timeout: float = 30.0) -> None:
-        """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. No-op when not running."""
+    def stop(self, *, timeout: float = 30.0, group: bool = False) -> None:
+        """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. No-op when not running.
+
+        ``group``: wait for the whole process group ``start`` made (its session), and SIGKILL
+        all of it after ``timeout``.
+        """
         pid = self.pid()
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return
         os.kill(pid, signal.SIGTERM)
-        if not self._wait_gone(pid, timeout):
-            os.kill(pid, signal.SIGKILL)
-            if not self._wait_gone(pid, 10.0):
+        if not self._wait_gone(pid, timeout, group=group):
+            with contextlib.suppress(ProcessLookupError):
+                (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+            if not self._wait_gone(pid, 10.0, group=group):
                 raise StackError(f"{self.name} (pid {pid}) did not stop after SIGKILL")
         self.pid_file.unlink(missing_ok=True)
 
@@ -96,12 +104,22 @@ class ServiceProcess:
             return []
         return self.log_file.read_text(errors="replace").splitlines()[-lines:]
 
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
+    def _wait_gone(self, pid: int, timeout: float, *, group: bool = False) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
-            if self.pid() != pid:
+            if self.pid() != pid and not (group and _group_alive(pid)):
                 return True
             time.sleep(0.05)
         return False
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

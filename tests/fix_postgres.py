@@ -7,7 +7,9 @@ Tests only ever use databases they create themselves, named ``outbox_test_*``.
 
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -57,6 +59,17 @@ def cluster() -> Iterator[PostgresCluster]:
     cluster.up()
     yield cluster
     cluster.down()
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[PostgresCluster]:
+    """A second cluster of its own for one test, in a temporary folder, on a free port."""
+    folder = Path(tempfile.mkdtemp(prefix="outbox-stack-"))
+    folder.chmod(0o755)  # the postgres user must reach it when we run as root
+    cluster = PostgresCluster(StackSettings(dir=folder, postgres_port=free_port()))
+    yield cluster
+    cluster.destroy()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _create_database(cluster: PostgresCluster, purpose: str) -> ScratchDatabase:

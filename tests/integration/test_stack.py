@@ -3,46 +3,105 @@
 from __future__ import annotations
 
 import os
+import pwd
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from outbox.settings import KafkaSettings
-from stack import PostgresCluster, StackError, StackSettings
+from stack import PostgresCluster, StackSettings
+from stack.broker import TansuBroker
 from stack.local import LocalStack
+from stack.server_home import outside_home
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture
-def own_cluster() -> Iterator[PostgresCluster]:
-    """A second cluster of our own in a temporary folder, on a free port."""
-    folder = Path(tempfile.mkdtemp(prefix="outbox-stack-"))
-    folder.chmod(0o755)  # the postgres user must reach it when we run as root
-    cluster = PostgresCluster(StackSettings(dir=folder, postgres_port=free_port()))
-    yield cluster
-    cluster.destroy()
-    shutil.rmtree(folder, ignore_errors=True)
+@pytest.mark.parametrize("closed_by", ["a parent folder of mode 0700", "a umask of 077"])
+def test_a_stack_folder_closed_to_other_users_works(closed_by: str) -> None:
+    """A checkout inside a 0700 folder (root's home on Debian), or a stack folder made under a
+    umask of 077: as root the server's files go to a folder of the postgres user's, stable
+    across runs and named by `stack status`; as any other user they stay in the stack folder.
+    Secrets stay in the stack folder."""
+    closed = Path(tempfile.mkdtemp(prefix="outbox-closed-"))  # not under pytest's 0700 folder
+    closed.chmod(0o700 if closed_by.startswith("a parent") else 0o755)
+    previous_umask = os.umask(0o077 if closed_by.startswith("a umask") else 0o022)
+    settings = StackSettings(dir=closed / "checkout" / ".stack", postgres_port=free_port())
+    cluster = PostgresCluster(settings)
+    try:
+        try:
+            status = cluster.up()
+        finally:
+            os.umask(previous_umask)
+        if os.geteuid() == 0:
+            expected = outside_home(settings.root)
+            assert expected.parent == Path(pwd.getpwnam("postgres").pw_dir) / "outbox-stack"
+            for folder in (expected, expected.parent):
+                info = folder.stat()
+                assert (info.st_mode & 0o777, pwd.getpwuid(info.st_uid).pw_name) == (
+                    0o700,
+                    "postgres",
+                ), folder
+        else:
+            expected = settings.root / "postgres"
+        assert status.data_dir == expected / "data" and status.running
+        assert status.log_file == expected / "postgres.log"
+        assert cluster.password_file.parent == settings.root / "postgres"
+        again = PostgresCluster(settings)  # a later run finds the same cluster
+        assert again.data_dir == status.data_dir and again.pid() == status.pid
+        with psycopg.connect(again.conninfo()) as connection:
+            assert connection.execute("SELECT 1").fetchone() == (1,)
+        shown = run_outbox(
+            "stack",
+            "status",
+            env={"OUTBOX_STACK_DIR": str(settings.dir), **ports_env(settings)},
+            timeout=60,
+        )
+        assert f"data     {status.data_dir}" in shown.stdout, shown.stdout
+    finally:
+        cluster.destroy()
+        shutil.rmtree(closed, ignore_errors=True)
+    assert not cluster.server_home.exists() and not cluster.home.exists()
 
 
-def test_a_folder_the_postgres_user_cannot_reach_is_explained(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("only root hands the cluster to the postgres user")
-    closed = tmp_path_factory.mktemp("closed")
-    closed.chmod(0o700)
-    cluster = PostgresCluster(StackSettings(dir=closed / "inner", postgres_port=free_port()))
-    with pytest.raises(StackError, match="OUTBOX_STACK_DIR"):
-        cluster.up()
+def test_a_server_folder_of_your_choice_is_used_and_destroy_keeps_what_is_not_ours() -> None:
+    """OUTBOX_STACK_POSTGRES_SERVER_DIR: data, socket and log go there; `destroy` deletes
+    only what the server made in it."""
+    folder = Path(tempfile.mkdtemp(prefix="outbox-server-"))
+    folder.chmod(0o755)
+    chosen = folder / "pg"
+    chosen.mkdir()
+    (chosen / "yours.txt").write_text("not the stack's")
+    settings = StackSettings(
+        dir=folder / ".stack", postgres_port=free_port(), postgres_server_dir=chosen
+    )
+    cluster = PostgresCluster(settings)
+    try:
+        status = cluster.up()
+        assert status.data_dir == chosen / "data" and status.socket_dir == chosen / "run"
+        assert (chosen / "postgres.log").exists() and status.running
+        cluster.destroy()
+        assert [path.name for path in chosen.iterdir()] == ["yours.txt"]
+    finally:
+        cluster.destroy()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def ports_env(settings: StackSettings) -> dict[str, str]:
+    return {
+        "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
+        "OUTBOX_STACK_BROKER_PORT": str(free_port()),
+        "OUTBOX_STACK_CONNECT_PORT": str(free_port()),
+    }
 
 
 def test_up_is_idempotent_and_the_cluster_is_ready_for_cdc(own_cluster: PostgresCluster) -> None:
@@ -90,8 +149,12 @@ def test_the_password_is_required_over_tcp(own_cluster: PostgresCluster) -> None
         )
 
 
+@pytest.mark.timeout(600)
 def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
-    """`outbox stack up|status|env|logs|down` over all three services, on ports of its own."""
+    """`outbox stack up|status|env|logs|down` over all three services, on ports of its own;
+    then, as the README says, from a shell that ran `eval "$(outbox stack env)"` (which
+    exports the stack's own broker as OUTBOX_KAFKA_BOOTSTRAP_SERVERS): `down` stops that
+    broker and `up` starts it again, it is never taken for an external one."""
     settings = StackSettings(
         dir=own_cluster.settings.dir,
         postgres_port=own_cluster.port,
@@ -109,6 +172,17 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
 
     def outbox(*args: str) -> subprocess.CompletedProcess[str]:
         return run_outbox("stack", *args, env=env, timeout=240)
+
+    def after_eval(command: str) -> subprocess.CompletedProcess[str]:
+        cli = f"{shlex.quote(sys.executable)} -m cli.main stack"
+        return subprocess.run(
+            ["bash", "-c", f'eval "$({cli} env)" && {cli} {command}'],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
 
     stack = LocalStack(settings, KafkaSettings())
     try:
@@ -132,9 +206,19 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         exported = outbox("env").stdout
         assert exported.startswith("export OUTBOX_DATABASE_URL=")
         assert own_cluster.password() in exported
-        assert f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:{settings.broker_port}'" in exported
+        assert f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.broker_port}\n" in exported
         logs = outbox("logs").stdout
         assert "==> connect <==" in logs and "Kafka Connect started" in logs
+
+        stopped = after_eval("down")
+        assert stopped.returncode == 0, stopped.stderr
+        assert "external" not in stopped.stdout
+        assert not any(line.running for line in stack.status()), "down stopped all three"
+        started = after_eval("up")
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert all(line.running for line in stack.status()), "up started all three"
+        assert "(Tansu, in memory)" in after_eval("status").stdout
+
         stopped = outbox("down")
         assert stopped.returncode == 0
         assert not any(line.running for line in stack.status())
@@ -146,3 +230,30 @@ def test_a_bad_port_setting_is_refused_naming_the_variable() -> None:
     result = run_outbox("stack", "status", env={"OUTBOX_STACK_POSTGRES_PORT": "80"}, timeout=60)
     assert result.returncode == 2
     assert "OUTBOX_STACK_POSTGRES_PORT" in result.stderr
+
+
+def test_the_stack_knows_its_running_broker_by_the_address_it_recorded(tmp_path: Path) -> None:
+    """A broker started on one port, then a shell whose settings name another port but whose
+    OUTBOX_KAFKA_BOOTSTRAP_SERVERS names the running broker: still the stack's own (`down`
+    stops it); a bootstrap server that is not the stack's is external."""
+    started_on = StackSettings(
+        dir=tmp_path, broker_port=free_port(), downloads=ROOT / ".cache" / "stack"
+    )
+    broker = TansuBroker(started_on)
+    broker.up()
+    try:
+        later = StackSettings(
+            dir=tmp_path, broker_port=free_port(), downloads=ROOT / ".cache" / "stack"
+        )
+        exported = KafkaSettings(bootstrap_servers=f"localhost:{started_on.broker_port}")
+        stack = LocalStack(later, exported)
+        assert stack.external_kafka is None and stack.broker is not None
+        assert stack.bootstrap_servers == started_on.bootstrap_servers
+        assert stack.connect.bootstrap_servers == started_on.bootstrap_servers
+        external = LocalStack(later, KafkaSettings(bootstrap_servers="kafka.example:9092"))
+        assert external.broker is None and external.external_kafka == "kafka.example:9092"
+        assert "(external)" in external.status()[1].address
+        stack.own_broker.down()
+        assert not broker.process.is_running()
+    finally:
+        broker.down()

@@ -18,7 +18,8 @@ from stack.connect import CONNECT_GROUP, ConnectWorker
 from stack.settings import StackSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE = yaml.safe_load(TEXT)
 SERVICES = COMPOSE["services"]
 
 
@@ -66,6 +67,11 @@ def test_connect_worker_settings_match() -> None:
     ):
         assert environment[variable] == worker[key]
     assert environment["CONNECT_CONFIG_PROVIDERS_ENV_CLASS"] == worker["config.providers.env.class"]
+    # compose reads `$$` as one `$`; the same allow-list as the native worker's.
+    assert (
+        environment["CONNECT_CONFIG_PROVIDERS_ENV_PARAM_ALLOWLIST_PATTERN"].replace("$$", "$")
+        == worker["config.providers.env.param.allowlist.pattern"]
+    )
     assert "OUTBOX_CONNECT_DATABASE_PASSWORD" in environment, "the connector's ${env:...} secret"
 
 
@@ -125,3 +131,17 @@ def test_the_lake_service_matches_its_settings() -> None:
     assert f"lake-data:{settings.root}" in lake["volumes"]
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "openjdk-17" in dockerfile and "COPY lake" in dockerfile
+
+
+def test_secrets_have_no_default_and_a_message_when_missing() -> None:
+    """No `change-me` fallback: every variable compose interpolates is `${VAR:?message}`."""
+    assert "change-me" not in TEXT.lower()
+    uncommented = re.sub(r"(^|\s)#.*", "", TEXT, flags=re.MULTILINE)
+    references = re.findall(r"(?<!\$)\$\{(\w+)([^}]*)\}", uncommented)
+    assert {name for name, _ in references} == {
+        "POSTGRES_PASSWORD",
+        "CDC_PASSWORD",
+        "RELAY_PASSWORD",
+    }
+    for name, rest in references:
+        assert rest.startswith(":?") and name in rest, f"${{{name}{rest}}}: use ${{{name}:?…}}"
