@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lake.delta_sink import DeltaSink
@@ -28,6 +29,8 @@ from lake.settings import LakeSettings
 __all__ = ["read_raw", "run_ingest", "spark_session"]
 
 log = logging.getLogger("outbox.lake.job")
+
+_LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
 
 def spark_session(settings: LakeSettings) -> Any:
@@ -43,6 +46,8 @@ def spark_session(settings: LakeSettings) -> Any:
         .appName(settings.query_name)
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_LOG4J2}")
         .config("spark.driver.host", settings.spark_bind_address)
         .config("spark.driver.bindAddress", settings.spark_bind_address)
         .config("spark.sql.session.timeZone", "UTC")
