@@ -96,15 +96,16 @@ def typed_table_name(aggregate_type: str) -> str:
 
 
 def parsed_frame(frame: Any) -> Any:
-    """Raw Kafka rows parsed on the executors (``kind``: event or quarantine), stamped with
-    their ingest time."""
+    """The micro-batch as parsed rows (``kind``: event or quarantine), stamped with their
+    ingest time. Our source parses while it reads; rows of Spark's own Kafka source (raw
+    Kafka columns) are parsed here, on the executors."""
     from pyspark.sql import functions as f
 
     from lake.records import PARSED_SCHEMA, parse_batch
 
-    return frame.mapInArrow(parse_batch, PARSED_SCHEMA).withColumn(
-        "ingest_time", f.current_timestamp()
-    )
+    if "kind" not in frame.columns:
+        frame = frame.mapInArrow(parse_batch, PARSED_SCHEMA)
+    return frame.withColumn("ingest_time", f.current_timestamp())
 
 
 def first_copies(events: pa.Table) -> pa.Table:

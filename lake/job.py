@@ -2,9 +2,10 @@
 
 The source and the sink are two small seams:
 
-- ``read_raw(spark, settings, bootstrap)`` returns a streaming DataFrame with the columns of
-  Spark's own Kafka source; ``source="kafka"`` uses ``format("kafka")`` where the
-  ``spark-sql-kafka`` jar is on the class path, the default uses our Python source;
+- ``read_raw(spark, settings, bootstrap)`` returns a streaming DataFrame: with
+  ``source="kafka"``, Spark's own ``format("kafka")`` (where the ``spark-sql-kafka`` jar is
+  on the class path; raw Kafka columns, parsed by the sink on the executors); by default our
+  Python source, which parses while it reads (one pass over the records, Arrow batches);
 - the sink is any ``foreachBatch`` callable; :class:`lake.delta_sink.DeltaSink` writes with
   ``deltalake``; a cluster with Delta's Spark writer can pass its own.
 """
@@ -84,6 +85,7 @@ def read_raw(
         .option("maxBytesPerBatch", str(settings.max_bytes_per_batch))
         .option("failOnDataLoss", str(settings.fail_on_data_loss).lower())
         .option("endOffsets", settings.end_offsets)
+        .option("parse", "true")
         .load()
     )
 

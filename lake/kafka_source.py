@@ -38,7 +38,13 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from lake.records import RAW_COLUMNS
+from lake.records import (
+    PARSED_SCHEMA,
+    RAW_COLUMNS,
+    parse_one,
+    parsed_record_batch,
+    raw_record_batch,
+)
 
 __all__ = ["DataLossError", "OutboxKafkaSource"]
 
@@ -47,6 +53,7 @@ log = logging.getLogger("outbox.lake.source")
 _STALL_SECONDS = 60.0
 _GAP_CHECK_SECONDS = 10.0
 _PROBE_SECONDS = 5.0
+_ARROW_CHUNK = 5000
 
 Offsets = dict[str, dict[str, int]]
 """{topic: {partition (as text): next offset to read}}"""
@@ -115,7 +122,11 @@ class OutboxKafkaSource(DataSource):
         return "outbox_kafka"
 
     def schema(self) -> str:
-        return RAW_COLUMNS
+        return PARSED_SCHEMA if self._parse() else RAW_COLUMNS
+
+    def _parse(self) -> bool:
+        options = {str(key).lower(): value for key, value in dict(self.options).items()}
+        return str(options.get("parse", "false")).lower() == "true"
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         options = {str(key).lower(): value for key, value in dict(self.options).items()}
@@ -129,6 +140,7 @@ class OutboxKafkaSource(DataSource):
             max_bytes=int(options.get("maxbytesperbatch", str(64 * 2**20))),
             fail_on_data_loss=options.get("failondataloss", "true").lower() != "false",
             end_offsets=options.get("endoffsets", "scan"),
+            parse=self._parse(),
         )
 
 
@@ -142,12 +154,14 @@ class _KafkaStreamReader(DataSourceStreamReader):
         fail_on_data_loss: bool,
         end_offsets: str = "scan",
         max_bytes: int = 64 * 2**20,
+        parse: bool = False,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.pattern = re.compile(pattern)
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.probe_seconds = _PROBE_SECONDS
+        self.parse = parse
         self.fail_on_data_loss = fail_on_data_loss
         if end_offsets not in {"scan", "broker"}:
             raise ValueError(f"endOffsets={end_offsets!r}: use 'scan' or 'broker'")
@@ -332,7 +346,29 @@ class _KafkaStreamReader(DataSourceStreamReader):
 
     # -- records (on the executors) ----------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """The range's records as Arrow record batches: raw Kafka columns, or (``parse``)
+        already parsed into event and quarantine rows, so that Spark needs no second pass."""
+        chunk: list[Any] = []
+        for record in self._records(partition):
+            chunk.append(record)
+            if len(chunk) >= _ARROW_CHUNK:
+                yield self._batch(chunk)
+                chunk = []
+        if chunk:
+            yield self._batch(chunk)
+
+    def _batch(self, records: list[Any]) -> Any:
+        if self.parse:
+            return parsed_record_batch(
+                [
+                    parse_one(r.topic, r.partition, r.offset, r.key, r.value, r.headers)
+                    for r in records
+                ]
+            )
+        return raw_record_batch(records)
+
+    def _records(self, partition: InputPartition) -> Iterator[Any]:
         from kafka import TopicPartition
         from kafka.errors import OffsetOutOfRangeError
 
@@ -377,15 +413,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
                         if record.offset < expected:
                             continue
                     expected = record.offset + 1
-                    yield (
-                        record.key,
-                        record.value,
-                        record.topic,
-                        record.partition,
-                        record.offset,
-                        _timestamp(record.timestamp),
-                        [(name, value) for name, value in record.headers],
-                    )
+                    yield record
         except BaseException:
             _WORKER_CONSUMERS.pop(self.bootstrap_servers, None)
             consumer.close()
@@ -471,9 +499,3 @@ def _has_record(bootstrap_servers: str, tp: Any, offset: int) -> bool:
         return False
     finally:
         consumer.close()
-
-
-def _timestamp(milliseconds: int) -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(milliseconds / 1000, tz=UTC)

@@ -20,6 +20,8 @@ __all__ = [
     "parse_batch",
     "parse_one",
     "parsed_arrow_schema",
+    "parsed_record_batch",
+    "raw_record_batch",
 ]
 
 # The raw schema: the same columns as Spark's own Kafka source, so either can feed the job.
@@ -151,10 +153,8 @@ def parsed_arrow_schema() -> Any:
 
 
 def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
-    """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out."""
-    import pyarrow as pa
-
-    schema = parsed_arrow_schema()
+    """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out (for
+    Spark's own Kafka source; ours parses while it reads, see ``parse`` in kafka_source)."""
     for batch in batches:
         rows = []
         for record in batch.to_pylist():
@@ -169,10 +169,53 @@ def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
                     headers,
                 )
             )
-        try:
-            yield pa.RecordBatch.from_pylist(rows, schema=schema)
-        except (pa.ArrowException, ValueError, TypeError, OverflowError):
-            yield pa.RecordBatch.from_pylist([_arrow_safe(row, schema) for row in rows], schema)
+        yield parsed_record_batch(rows)
+
+
+def parsed_record_batch(rows: list[dict[str, Any]]) -> Any:
+    """Parsed rows as one Arrow record batch; a row Arrow refuses goes to quarantine alone."""
+    import pyarrow as pa
+
+    schema = parsed_arrow_schema()
+    try:
+        return pa.RecordBatch.from_pylist(rows, schema=schema)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError):
+        return pa.RecordBatch.from_pylist([_arrow_safe(row, schema) for row in rows], schema)
+
+
+def raw_record_batch(records: Sequence[Any]) -> Any:
+    """kafka-python records as an Arrow record batch of :data:`RAW_COLUMNS`."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict(
+        {
+            "key": [r.key for r in records],
+            "value": [r.value for r in records],
+            "topic": [r.topic for r in records],
+            "partition": [r.partition for r in records],
+            "offset": [r.offset for r in records],
+            "timestamp": [r.timestamp * 1000 for r in records],
+            "headers": [[{"key": k, "value": v} for k, v in r.headers] for r in records],
+        },
+        schema=raw_arrow_schema(),
+    )
+
+
+def raw_arrow_schema() -> Any:
+    import pyarrow as pa
+
+    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
+    return pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("headers", pa.list_(header)),
+        ]
+    )
 
 
 def _arrow_safe(row: dict[str, Any], schema: Any) -> dict[str, Any]:
@@ -183,7 +226,7 @@ def _arrow_safe(row: dict[str, Any], schema: Any) -> dict[str, Any]:
         pa.RecordBatch.from_pylist([row], schema=schema)
         return row
     except (pa.ArrowException, ValueError, TypeError, OverflowError) as error:
-        keep = ("topic", "partition", "offset", "raw_key", "raw_value")
+        keep = ("topic", "partition", "offset", "raw_key", "raw_value", "event_id")
         return {
             **{name: row.get(name) for name in keep},
             "kind": "quarantine",

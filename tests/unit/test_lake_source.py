@@ -190,7 +190,8 @@ def read_all(reader: _KafkaStreamReader, log: FakeLog, start: int, end: int) -> 
 
     source._WORKER_CONSUMERS["unused:1"] = log
     try:
-        return [row[4] for row in reader.read(source._Range("ta", 0, start, end))]
+        batches = reader.read(source._Range("ta", 0, start, end))
+        return [offset for batch in batches for offset in batch.column("offset").to_pylist()]
     finally:
         source._WORKER_CONSUMERS.pop("unused:1", None)
 
@@ -211,3 +212,19 @@ def test_read_reports_an_offset_out_of_range_as_data_loss() -> None:
         read_all(scanning_reader(log), log, 8, 12)
     log = FakeLog({A0: [0, 1, 2]}, out_of_range=True)
     assert read_all(scanning_reader(log, fail_on_data_loss=False), log, 8, 12) == []
+
+
+def test_read_parses_while_it_reads_when_asked() -> None:
+    import lake.kafka_source as source
+
+    log = FakeLog({A0: [0, 1]})
+    reader = scanning_reader(log)
+    reader.parse = True
+    source._WORKER_CONSUMERS["unused:1"] = log
+    try:
+        (batch,) = list(reader.read(source._Range("ta", 0, 0, 2)))
+    finally:
+        source._WORKER_CONSUMERS.pop("unused:1", None)
+    assert batch.schema.names[0] == "kind" and "position" in batch.schema.names
+    assert batch.column("kind").to_pylist() == ["quarantine", "quarantine"]  # not outbox topics
+    assert "not an outbox topic" in batch.column("reason").to_pylist()[0]
