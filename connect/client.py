@@ -9,13 +9,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.core.errors import OutboxError
+from outbox.core.errors import ConnectError
 
 __all__ = ["ConnectClient", "ConnectError", "ConnectorState"]
-
-
-class ConnectError(OutboxError):
-    """Kafka Connect refused a request or could not be reached."""
 
 
 @dataclass(frozen=True)
