@@ -67,7 +67,7 @@ def describe(error: Exception) -> tuple[str, int] | None:
         return f"database error: {error}", USER_ERROR
     if "kafka" in names:
         return f"Kafka error: {type(error).__name__}: {error}", USER_ERROR
-    if isinstance(error, ConnectionError | TimeoutError):
+    if isinstance(error, OSError):  # refused, timed out, unreadable: the reason is the fix
         return f"error: {type(error).__name__}: {error}", USER_ERROR
     return None
 

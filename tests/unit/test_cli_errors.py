@@ -57,6 +57,7 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["db", "current"], {"OUTBOX_SCHEMA_NAME": "x;y", **NO_DATABASE}, "OUTBOX_SCHEMA_NAME"),
     (["connect", "apply"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
     (["connect", "status"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
+    (["connect", "status"], {"OUTBOX_CONNECT_URL": f"http://127.0.0.1:{CLOSED}"}, "reached"),
     (["connect", "restart"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
     (["relay", "run"], {**NO_DATABASE, **BAD_KAFKA}, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
     (["relay", "health"], {"OUTBOX_RELAY_HTTP_PORT": "port"}, "OUTBOX_RELAY_HTTP_PORT"),
