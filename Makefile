@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint bench stack-down clean
+.PHONY: demo test test-unit lint bench stack-down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo: $(STAMP)
 ## (PYTEST_ARGS narrows it, e.g. `make test PYTEST_ARGS=tests/unit`)
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+## test-unit: only the tests that need no service (`-m "not integration"`: no PostgreSQL,
+## broker or Connect is started; tests/conftest.py marks everything under tests/integration)
+test-unit: $(STAMP)
+	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
 ## lint: ruff and mypy --strict on the package code
 lint: $(STAMP)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli._common import friendly_errors, load
+from cli._common import load
 
 app = typer.Typer(help="Apply and watch the Debezium connector (CDC path).", no_args_is_help=True)
 
@@ -20,10 +20,9 @@ def apply(
     settings = load(ConnectorSettings)
     config = render_connector_config(settings, load(OutboxSettings))
     client = ConnectClient(settings.url)
-    with friendly_errors():
-        changed = client.apply(settings.name, config)
-        if wait:
-            client.wait_running(settings.name)
+    changed = client.apply(settings.name, config)
+    if wait:
+        client.wait_running(settings.name)
     typer.echo(f"connector {settings.name}: {'applied' if changed else 'unchanged'}")
 
 
@@ -38,8 +37,7 @@ def status() -> None:
     from connect import ConnectClient, ConnectorSettings
 
     settings = load(ConnectorSettings)
-    with friendly_errors():
-        state = ConnectClient(settings.url).state(settings.name)
+    state = ConnectClient(settings.url).state(settings.name)
     if state is None:
         typer.echo(f"connector {settings.name}: not created (run `outbox connect apply`)")
         raise typer.Exit(1)
@@ -65,9 +63,8 @@ def restart() -> None:
 
     settings = load(ConnectorSettings)
     client = ConnectClient(settings.url)
-    with friendly_errors():
-        client.restart(settings.name)
-        state = client.wait_running(settings.name)
+    client.restart(settings.name)
+    state = client.wait_running(settings.name)
     typer.echo(f"connector {settings.name}: {state.connector}")
 
 
@@ -78,7 +75,7 @@ def _slot_lag(slot: str) -> tuple[str, int] | None:
 
     engine = create_engine(load(DatabaseSettings).database_url.get_secret_value())
     try:
-        with friendly_errors(), engine.connect() as connection:
+        with engine.connect() as connection:
             row = connection.execute(
                 text(
                     "SELECT CASE WHEN active THEN 'active' ELSE 'inactive' END, "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from cli._common import friendly_errors, load
+from cli._common import load
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -39,7 +39,7 @@ def _database(database_url: str | None) -> Iterator[tuple[Connection, OutboxSett
         database_url = load(DatabaseSettings).database_url.get_secret_value()
     engine = create_engine(database_url)
     try:
-        with friendly_errors(), engine.begin() as connection:
+        with engine.begin() as connection:
             yield connection, settings
     finally:
         engine.dispose()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli._common import load
+from cli._common import bootstrap_servers, fail, load
 
 app = typer.Typer(
     help="The lake: ingest outbox topics into Delta tables; query them.", no_args_is_help=True
@@ -22,26 +22,26 @@ def ingest(
     Settings: OUTBOX_LAKE_* (root, topic pattern, batch limit, trigger, Spark master) and
     OUTBOX_KAFKA_BOOTSTRAP_SERVERS.
     """
-    from cli.relay import bootstrap_servers
     from lake.job import run_ingest
     from lake.settings import LakeSettings
     from relay.logs import configure_json_logging
 
     settings = load(LakeSettings)
+    bootstrap = bootstrap_servers()
     configure_json_logging("INFO")
     try:
-        run_ingest(settings, bootstrap_servers(), available_now=available_now)
+        run_ingest(settings, bootstrap, available_now=available_now)
     except Exception as error:
         # Spark hands the source's errors back as Java exceptions whose text holds the
-        # Python one; ops get its first line, and the full trace is in the log above.
+        # Python one; ops get its first line, and the full trace is in the log above
+        # (and on stderr with --verbose).
         reason = _python_error_in(str(error)) or f"{type(error).__name__}: {error}"
-        typer.secho(f"lake ingest stopped: {reason}", err=True, fg="red")
-        raise typer.Exit(1) from None
+        raise fail(f"lake ingest stopped: {reason}", error, code=1) from None
 
 
 def _python_error_in(text: str) -> str | None:
     """``DataLossError: ...`` (or another error of ours) from a Spark exception's text."""
-    for name in ("DataLossError", "TimeoutError", "ConfigurationError"):
+    for name in ("DataLossError", "DeliveryTimeoutError", "TimeoutError", "ConfigurationError"):
         marker = f"{name}: "
         if marker in text:
             return name + ": " + text.split(marker, 1)[1].split("\n", 1)[0].strip()
@@ -72,8 +72,7 @@ def query(
     try:
         columns, rows = run_sql(load(LakeSettings), sql)
     except duckdb.Error as error:
-        typer.secho(f"query error: {error}", err=True, fg="red")
-        raise typer.Exit(2) from None
+        raise fail(f"query error: {error}", error) from None
     typer.echo("\t".join(columns))
     for row in rows:
         typer.echo("\t".join("" if value is None else str(value) for value in row))

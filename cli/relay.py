@@ -9,7 +9,7 @@ from types import FrameType
 
 import typer
 
-from cli._common import friendly_errors, load
+from cli._common import bootstrap_servers, load
 
 app = typer.Typer(help="The polling relay: outbox rows to Kafka without CDC.", no_args_is_help=True)
 dead_letters_app = typer.Typer(
@@ -17,15 +17,6 @@ dead_letters_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(dead_letters_app, name="dead-letters")
-
-
-def bootstrap_servers() -> str:
-    """OUTBOX_KAFKA_BOOTSTRAP_SERVERS, else the local stack's broker."""
-    from outbox.settings import KafkaSettings
-    from stack.settings import StackSettings
-
-    configured = load(KafkaSettings).bootstrap_servers
-    return configured if configured is not None else load(StackSettings).bootstrap_servers
 
 
 @app.command()
@@ -108,8 +99,7 @@ def list_command(
     from relay.dead_letters import list_dead_letters
 
     database_url = load(DatabaseSettings).database_url.get_secret_value()
-    with friendly_errors():
-        letters = list_dead_letters(database_url, load(OutboxSettings).tables, limit)
+    letters = list_dead_letters(database_url, load(OutboxSettings).tables, limit)
     for letter in letters:
         typer.echo(
             f"{letter.id}  {letter.aggregate_type}/{letter.aggregate_id}  {letter.event_type}  "
@@ -143,6 +133,5 @@ def retry_command(
             )
             raise typer.Exit(2) from None
     database_url = load(DatabaseSettings).database_url.get_secret_value()
-    with friendly_errors():
-        moved = retry_dead_letters(database_url, load(OutboxSettings).tables, ids)
+    moved = retry_dead_letters(database_url, load(OutboxSettings).tables, ids)
     typer.echo(f"{len(moved)} dead letter(s) back in the outbox")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from cli._common import configure_logging, friendly_errors, load
+from cli._common import configure_logging, load
 
 if TYPE_CHECKING:
     from stack.local import LocalStack, ServiceLine
@@ -42,8 +42,7 @@ def up(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each ste
     """
     configure_logging(verbose)
     stack = _stack()
-    with friendly_errors():
-        lines = stack.up()
+    lines = stack.up()
     _print(lines)
     typer.echo('Use it from your shell with:  eval "$(outbox stack env)"')
 
@@ -53,8 +52,7 @@ def down() -> None:
     """Stop every service (Connect, broker, Postgres). Postgres keeps its data; the local
     broker keeps topics in memory only, so they are gone."""
     stack = _stack()
-    with friendly_errors():
-        stack.down()
+    stack.down()
     _print(stack.status())
 
 
@@ -62,8 +60,7 @@ def down() -> None:
 def status() -> None:
     """Show each service, where it listens, and its log. Exit 1 if one is down."""
     stack = _stack()
-    with friendly_errors():
-        lines = stack.status()
+    lines = stack.status()
     _print(lines)
     if not all(line.running for line in lines):
         raise typer.Exit(1)
@@ -86,8 +83,7 @@ def env() -> None:
     from stack.local import shell_exports
 
     stack = _stack()
-    with friendly_errors():
-        exports = shell_exports(stack.environment())
+    exports = shell_exports(stack.environment())
     typer.echo(exports, nl=False)
 
 
@@ -102,6 +98,5 @@ def destroy(
         typer.confirm(
             f"Delete the database in {stack.postgres.data_dir} and the stack's logs?", abort=True
         )
-    with friendly_errors():
-        stack.destroy()
+    stack.destroy()
     typer.echo(f"deleted the stack of {stack.settings.root}")

@@ -9,13 +9,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.core.errors import OutboxError
+from outbox.core.errors import ConnectError
 
 __all__ = ["ConnectClient", "ConnectError", "ConnectorState"]
-
-
-class ConnectError(OutboxError):
-    """Kafka Connect refused a request or could not be reached."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +97,11 @@ class ConnectClient:
             if error.code == 404:
                 return None
             raise ConnectError(f"Kafka Connect answered {error.code} for {name}") from None
+        except (urllib.error.URLError, OSError) as error:
+            raise ConnectError(
+                f"Kafka Connect at {self.url} cannot be reached ({error}): is it running? "
+                "(`outbox stack status`, or OUTBOX_CONNECT_URL)"
+            ) from None
         return ConnectorState(
             name,
             status["connector"]["state"],

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from connect.settings import ConnectorSettings
+from outbox.core.errors import ConfigurationError
 from outbox.settings import OutboxSettings
 
 __all__ = ["TEMPLATE", "render_connector_config"]
@@ -42,7 +43,10 @@ def render_connector_config(
     def fill(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in values:
-            raise KeyError(f"{template.name} uses {{{{{name}}}}}, which no setting provides")
+            raise ConfigurationError(
+                f"{template.name} uses {{{{{name}}}}}, which no setting provides: "
+                f"remove it from the file or use one of {', '.join(sorted(values))}"
+            )
         return values[name]
 
     return {key: _PLACEHOLDER.sub(fill, value) for key, value in raw.items()}

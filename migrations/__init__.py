@@ -25,6 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from migrations.names import settings_in_use
+from outbox.core.errors import ConfigurationError
 from outbox.core.identifiers import quote_identifier
 from outbox.settings import OutboxSettings
 
@@ -102,7 +103,7 @@ def _ensure_login_role(
 ) -> None:
     """Create ``role`` (or reset its password): LOGIN, and REPLICATION when asked."""
     if not password:
-        raise ValueError(f"the role {role} needs a password: set {variable}")
+        raise ConfigurationError(f"the role {role} needs a password: set {variable}")
     exists = connection.execute(
         text("SELECT 1 FROM pg_roles WHERE rolname = :role"), {"role": role}
     ).first()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from outbox.core.effects import LookupAnswer
 from outbox.core.errors import (
     ConfigurationError,
+    ContractViolation,
     EffectError,
     EffectNotPerformedError,
     EffectStateError,
@@ -67,6 +68,7 @@ __all__ = [
     "AsyncInbox",
     "AsyncOutbox",
     "ConfigurationError",
+    "ContractViolation",
     "EffectError",
     "EffectNotPerformedError",
     "EffectStateError",

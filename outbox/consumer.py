@@ -37,6 +37,7 @@ from kafka import KafkaConsumer
 
 from outbox._drivers import drive, sync_executor
 from outbox.core.contract import ContractViolation, ReceivedEvent, parse_record
+from outbox.core.errors import ConfigurationError
 from outbox.core.protocol import claim_message, dead_letter_message
 from outbox.core.statements import OutboxStatements
 from outbox.settings import OutboxSettings
@@ -92,9 +93,9 @@ class IdempotentConsumer(Generic[T]):
         consumer_options: dict[str, Any] | None = None,
     ) -> None:
         if bool(topics) == (pattern is not None):
-            raise ValueError("give topics=[...] or pattern='...', one of the two")
+            raise ConfigurationError("give topics=[...] or pattern='...', one of the two")
         if max_attempts < 1:
-            raise ValueError(f"max_attempts={max_attempts} must be at least 1")
+            raise ConfigurationError(f"max_attempts={max_attempts} must be at least 1")
         self.name = name
         self.stats = ConsumerStats()
         self._begin = begin

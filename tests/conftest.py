@@ -1,3 +1,46 @@
-"""Test plugins: fixtures live in tests/fix_*.py."""
+"""Test plugins (fixtures live in tests/fix_*.py), and the ``integration`` marker.
+
+Every test under ``tests/integration`` is marked ``integration`` here, whatever its module
+says, so ``pytest -m "not integration"`` (``make test-unit``) runs without PostgreSQL, the
+broker or Connect. The other way round holds too: a test outside ``tests/integration`` that
+asks for a service fixture (one defined in a ``tests/fix_*.py`` plugin, all of which start
+or use the suite's services) fails collection with the fix to make.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["tests.fix_postgres", "tests.fix_stack", "tests.fix_cdc", "tests.fix_relay"]
+
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+SERVICE_PLUGINS = tuple(pytest_plugins)
+
+
+def service_fixtures_of(item: pytest.Item) -> list[str]:
+    """The service fixtures ``item`` uses (directly or through other fixtures)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return sorted(
+        name
+        for name, definitions in info.name2fixturedefs.items()
+        if any(getattr(d.func, "__module__", "") in SERVICE_PLUGINS for d in definitions)
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = []
+    for item in items:
+        if item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
+        elif services := service_fixtures_of(item):
+            misplaced.append(f"{item.nodeid} uses {', '.join(services)}")
+    if misplaced:
+        raise pytest.UsageError(
+            "tests outside tests/integration must run without services "
+            "(`pytest -m 'not integration'`): move these to tests/integration:\n  "
+            + "\n  ".join(misplaced)
+        )

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from outbox.core.errors import ContractViolation
+
 __all__ = [
     "HEADER_EVENT_TYPE",
     "HEADER_HEADERS",
@@ -110,17 +112,18 @@ def headers_for(
 
 
 def event_id_of(headers: Sequence[tuple[str, bytes | None]]) -> uuid.UUID:
-    """The event id of a received record; ValueError when it carries none or a malformed one."""
+    """The event id of a received record; :class:`ContractViolation` (a ``ValueError``) when
+    it carries none or a malformed one."""
     for name, value in headers:
         if name == HEADER_ID and value is not None:
             try:
                 return uuid.UUID(value.decode("ascii"))
             except (UnicodeDecodeError, ValueError):
-                raise ValueError(
+                raise ContractViolation(
                     f"the 'id' header {value[:80]!r} is not a UUID: it does not follow the "
                     "outbox contract"
                 ) from None
-    raise ValueError("the record has no 'id' header: it does not follow the outbox contract")
+    raise ContractViolation("the record has no 'id' header: it does not follow the outbox contract")
 
 
 def _text(value: bytes, what: str) -> str:
@@ -130,10 +133,6 @@ def _text(value: bytes, what: str) -> str:
         raise ContractViolation(
             f"{what} is not UTF-8 ({error.reason} at byte {error.start})"
         ) from None
-
-
-class ContractViolation(ValueError):
-    """A record on an outbox topic that does not follow the contract (the reason says how)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +175,7 @@ def parse_record(
     if not topic.startswith(TOPIC_PREFIX):
         raise ContractViolation(f"topic {topic!r} is not an outbox topic ({TOPIC_PREFIX}<type>)")
     named = {name: data for name, data in headers}
-    try:
-        event_id = event_id_of(headers)
-    except ValueError as error:
-        raise ContractViolation(str(error)) from None
+    event_id = event_id_of(headers)
     event_type = named.get(HEADER_EVENT_TYPE)
     if not event_type:
         raise ContractViolation("the record has no 'eventType' header")

@@ -1,9 +1,41 @@
-"""The one error hierarchy of the project: a root and a subclass per failure domain."""
+"""The one error hierarchy of the project: a root and a subclass per failure domain.
+
+Every error a user can meet on purpose is an :class:`OutboxError`, whichever package raises
+it (the SDK, the relay, the lake, Connect's client, the local stack): the ``outbox`` command
+turns each into one readable line (``--verbose`` adds the traceback), and an application can
+catch the root. A subclass keeps the built-in base its callers used to catch (``ValueError``
+for bad input, ``TimeoutError`` for a deadline), so narrowing an ``except`` stays optional.
+
+Tree (domain, then condition)::
+
+    OutboxError
+    ├── ConfigurationError (ValueError)          a setting or argument is invalid
+    │   └── InvalidIdentifierError                 a SQL name from configuration
+    ├── EventError (ValueError)                  an event the SDK is asked to write
+    │   └── LakeContractError                      a payload the lake would set aside
+    ├── PayloadTypeError (TypeError), PayloadTooLargeError (ValueError)
+    ├── TransactionRequiredError, UnsupportedTransactionError (TypeError)
+    ├── ContractViolation (ValueError)           a record on Kafka that breaks the contract
+    ├── DataLossError (RuntimeError)             records the lake had not read are gone
+    ├── DeliveryTimeoutError (TimeoutError)      events did not arrive within a deadline
+    ├── ConnectError                             Kafka Connect refused or did not answer
+    ├── StackError                               a local service would not install/start/stop
+    └── EffectError                              the side-effect ledger
+        ├── EffectNotPerformedError
+        └── EffectStateError
+
+Standard library only: the packages that raise these re-export them where they always were
+(``outbox.core.contract.ContractViolation``, ``stack.errors.StackError``, ...).
+"""
 
 from __future__ import annotations
 
 __all__ = [
     "ConfigurationError",
+    "ConnectError",
+    "ContractViolation",
+    "DataLossError",
+    "DeliveryTimeoutError",
     "EffectError",
     "EffectNotPerformedError",
     "EffectStateError",
@@ -14,6 +46,7 @@ __all__ = [
     "OutboxError",
     "PayloadTooLargeError",
     "PayloadTypeError",
+    "StackError",
     "TransactionRequiredError",
     "UnsupportedTransactionError",
 ]
@@ -93,3 +126,28 @@ class EffectNotPerformedError(EffectError):
 
 class EffectStateError(EffectError):
     """An operator's decision names a step that does not exist or needs no decision."""
+
+
+class ContractViolation(OutboxError, ValueError):
+    """A record on an outbox topic that does not follow the contract (the reason says how).
+
+    Consumers and the lake set such a record aside with the reason; it never stops a stream.
+    """
+
+
+class DataLossError(OutboxError, RuntimeError):
+    """Records the lake had not read are gone (retention, a recreated or truncated topic);
+    the message names the topic-partition, the offsets and the setting that goes on."""
+
+
+class DeliveryTimeoutError(OutboxError, TimeoutError):
+    """Events did not arrive where they were awaited within the deadline; the message names
+    what arrived, what did not, and the command that shows why."""
+
+
+class ConnectError(OutboxError):
+    """Kafka Connect refused a request or did not answer (the message gives its reason)."""
+
+
+class StackError(OutboxError):
+    """A local service could not be installed, started, probed or stopped."""

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.demo import LAKE_JOB_READY
 from stack import PostgresCluster, StackSettings
+from stack.demo import LAKE_JOB_READY
 from stack.local import LocalStack
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port

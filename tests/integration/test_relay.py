@@ -1,4 +1,7 @@
-"""The polling relay against the real PostgreSQL and broker of the suite's stack."""
+"""The polling relay against the real PostgreSQL and broker of the suite's stack.
+
+The event contract it shares with CDC (exact records, rollbacks, per-aggregate order) is
+checked for both paths by tests/integration/test_contract.py."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
 from relay.service import Relay
 from tests.cli import run_outbox
-from tests.fix_cdc import CdcPath
 from tests.fix_relay import RelayBench, wait_until
 from tests.kafka_read import read_until
 
@@ -51,83 +53,6 @@ def first_occurrences(records: list[Any]) -> list[Any]:
             seen.add(event_id)
             firsts.append(record)
     return firsts
-
-
-def test_relay_records_are_byte_for_byte_those_of_debezium(
-    cdc: CdcPath, relay_bench: RelayBench
-) -> None:
-    """Same rows through both paths: same topic, key, value and headers, in the same order."""
-    aggregate_type = fresh_type()
-    events = [
-        Event(
-            aggregate_type,
-            "42",
-            "OrderPlaced",
-            {"total": "9.90", "é": [1, None], "nested": {"b": 1, "a": "x"}},
-            headers={"tenant": "acme"},
-            traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-        ),
-        Event(aggregate_type, "42", "OrderPaid", {}),
-        Event(aggregate_type, "7", "OrderPlaced", {"lines": [{"sku": "A-1", "qty": 2}]}),
-    ]
-    with cdc.database.connect() as connection, connection.transaction():
-        Outbox().publish_many(connection, events)
-    topic = topic_for(aggregate_type)
-    debezium = cdc.consume(topic, 3)
-    assert len(debezium) == 3
-    # The same rows, copied into the relay's own database, go through the relay.
-    with cdc.database.connect() as source, relay_bench.database.connect() as target:
-        rows = source.execute(
-            "SELECT id, aggregatetype, aggregateid, type, payload, headers, traceparent, "
-            "position FROM outbox.outbox WHERE aggregatetype = %s ORDER BY position",
-            (aggregate_type,),
-        ).fetchall()
-        with target.transaction():
-            for row in rows:
-                # The relay's database draws positions of its own (the position header is
-                # each database's commit order); everything else is copied as it is.
-                target.execute(
-                    "INSERT INTO outbox.outbox "
-                    "(id, aggregatetype, aggregateid, type, payload, headers, traceparent) "
-                    "VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)",
-                    (
-                        row[0],
-                        row[1],
-                        row[2],
-                        row[3],
-                        psycopg.types.json.Jsonb(row[4]),
-                        psycopg.types.json.Jsonb(row[5]),
-                        row[6],
-                    ),
-                )
-        relay_positions = dict(
-            target.execute(
-                "SELECT id, position FROM outbox.outbox WHERE aggregatetype = %s",
-                (aggregate_type,),
-            ).fetchall()
-        )
-    with relay_bench.in_thread():
-        both = read_until(relay_bench.kafka.bootstrap_servers, topic, lambda r: len(r) >= 6)
-    source_positions = {row[0]: row[7] for row in rows}
-
-    def wire(record: Any) -> tuple[Any, ...]:
-        """The record with its position header's value replaced by "the row's position"."""
-        event_id = event_id_of(record.headers)
-        positions = {source_positions[event_id], relay_positions[event_id]}
-        headers = tuple(
-            (name, b"<position>" if name == "position" and int(value) in positions else value)
-            for name, value in record.headers
-        )
-        return (record.topic, record.partition, record.key, record.value, headers)
-
-    # Per event id: Debezium's copy, then the relay's copy, in the same partition.
-    copies: dict[uuid.UUID, list[tuple[Any, ...]]] = defaultdict(list)
-    for record in both:
-        copies[event_id_of(record.headers)].append(wire(record))
-    assert sorted(copies) == sorted(event.event_id for event in events)
-    for event_id, (from_debezium, from_relay) in copies.items():
-        assert from_relay == from_debezium, event_id
-    assert {wire(r) for r in debezium} == {c[0] for c in copies.values()}
 
 
 def test_a_transaction_open_across_batches_is_published_in_order(
