@@ -45,6 +45,7 @@ from lake.records import (
     parsed_record_batch,
     raw_record_batch,
 )
+from outbox.core.errors import DataLossError, DeliveryTimeoutError
 
 __all__ = ["DataLossError", "OutboxKafkaSource"]
 
@@ -57,10 +58,6 @@ _ARROW_CHUNK = 5000
 
 Offsets = dict[str, dict[str, int]]
 """{topic: {partition (as text): next offset to read}}"""
-
-
-class DataLossError(RuntimeError):
-    """Records the lake had not read are gone (retention, a recreated or truncated topic)."""
 
 
 def _loss_message(topic: str, partition: int, what: str) -> str:
@@ -393,7 +390,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
                     stalled_since = checked_at = now
                 elif now - stalled_since > _STALL_SECONDS:
                     # Never end a range early: that would skip records for good.
-                    raise TimeoutError(
+                    raise DeliveryTimeoutError(
                         f"{tp.topic}[{tp.partition}]: no records for {_STALL_SECONDS} s at "
                         f"offset {expected} (the batch's range ends at {partition.end}): is the "
                         "broker reachable? If it is, the topic was recreated or truncated "

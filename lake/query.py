@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from lake.settings import LakeSettings
+from outbox.core.errors import ConfigurationError
 
 __all__ = ["TableInfo", "list_tables", "run_sql", "table_names"]
 
@@ -30,7 +31,9 @@ class TableInfo:
 
 def table_names(settings: LakeSettings) -> list[str]:
     if not settings.is_local:
-        raise ValueError("listing tables needs a local OUTBOX_LAKE_ROOT; name them in the SQL")
+        raise ConfigurationError(
+            "listing tables needs a local OUTBOX_LAKE_ROOT; name them in the SQL instead"
+        )
     root = Path(settings.root)
     if not root.exists():
         return []
