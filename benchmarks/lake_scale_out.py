@@ -22,38 +22,21 @@ import uuid
 from pathlib import Path
 
 from deltalake import DeltaTable
-from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from benchmarks._shared import postgres_and_broker
+from benchmarks.lake_ingest import produce
 from lake.job import run_ingest, spark_session
 from lake.settings import LakeSettings
-from outbox import new_event_id
-from outbox.core.contract import record_for
 from stack.spark_cluster import SparkCluster
 
 
-def produce(bootstrap: str, aggregate_type: str, events: int) -> None:
+def produce_on_partitions(bootstrap: str, aggregate_type: str, events: int) -> None:
+    """The lake benchmark's events, on a topic of 4 partitions (so executors share it)."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(f"outbox.event.{aggregate_type}", 4, 1)])
     admin.close()
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=262_144)
-    for n in range(events):
-        record = record_for(
-            event_id=new_event_id(),
-            aggregate_type=aggregate_type,
-            aggregate_id=str(n % 500),
-            event_type="Tick",
-            payload_text=f'{{"n": {n}, "name": "item-{n % 97}", "price": {n % 1000}.5}}',
-            headers_text="{}",
-            traceparent="",
-            position=n + 1,
-        )
-        producer.send(
-            record.topic, key=record.key, value=record.value, headers=list(record.headers)
-        )
-    producer.flush()
-    producer.close()
+    produce(bootstrap, aggregate_type, events)
 
 
 def rate(master: str, root: Path, bootstrap: str, aggregate_type: str, events: int) -> float:
@@ -85,7 +68,7 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; workers of 1 core, 1 GiB")
     try:
         aggregate_type = f"scale{uuid.uuid4().hex[:8]}"
-        produce(bootstrap, aggregate_type, arguments.events)
+        produce_on_partitions(bootstrap, aggregate_type, arguments.events)
         results = {}
         results["local[2]"] = rate(
             "local[2]", work / "local", bootstrap, aggregate_type, arguments.events
