@@ -200,6 +200,7 @@ def grant_relay(
         f"GRANT SELECT, USAGE ON SEQUENCE {tables.qualified_position_sequence} TO {grantee}",
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_dead_letter} TO {grantee}",
         f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_offset} TO {grantee}",
+        f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_lease} TO {grantee}",
     )
 
 

@@ -5,8 +5,12 @@ handler; both commit or neither does. Kafka offsets are committed after that, so
 in between redelivers records whose claims already exist: they are skipped. A handler that
 keeps failing on one record (``max_attempts``) sends it to the consumer's dead-letter table
 (``outbox.outbox_inbox_dead_letter``) instead of blocking its partition; a record that does
-not follow the contract goes there at once. Database outages are not the handler's fault:
-they are retried without end (with backoff) and never dead-letter anything.
+not follow the contract goes there at once. Database outages (the connection is lost or
+refused, the server shuts down) are not the handler's fault: they are retried without end
+(with backoff) and never dead-letter anything. Every other database error, transient or
+not (a cancelled query, a statement timeout, a serialization failure, a deadlock), counts
+as a failed attempt: retried up to ``max_attempts``, then a dead letter, so that no record
+can block its partition for ever.
 
     from sqlalchemy.orm import sessionmaker
     from outbox.consumer import IdempotentConsumer
@@ -49,14 +53,33 @@ log = logging.getLogger("outbox.consumer")
 T = TypeVar("T")
 
 
+# SQLSTATEs of a lost or refused connection: class 08, and the server shutting down or
+# starting (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now).
+_OUTAGE_STATES = ("08", "57P01", "57P02", "57P03")
+
+
 def _is_database_outage(error: BaseException) -> bool:
-    """Connection-level database failures (retry, not the handler's fault)."""
+    """Connection-level database failures (retry without end, not the handler's fault).
+
+    Not an outage: ``QueryCanceled`` (57014, a statement timeout), serialization failures
+    and deadlocks (class 40): psycopg files them under ``OperationalError`` too, but they
+    can repeat for ever for one record, so they count as failed attempts.
+    """
     import psycopg
     from sqlalchemy import exc
 
-    return isinstance(
-        error, psycopg.OperationalError | exc.OperationalError | exc.InterfaceError
-    ) or (isinstance(error, exc.DBAPIError) and error.connection_invalidated)
+    if isinstance(error, exc.DBAPIError):
+        if error.connection_invalidated:
+            return True
+        if error.orig is None:
+            return isinstance(error, exc.OperationalError | exc.InterfaceError)
+        error = error.orig
+    if isinstance(error, psycopg.InterfaceError):
+        return True  # the connection is closed or broken: no server error at all
+    if isinstance(error, psycopg.OperationalError):
+        state = error.sqlstate
+        return state is None or state.startswith(_OUTAGE_STATES)
+    return False
 
 
 @dataclass

@@ -46,8 +46,10 @@ class CdcDeliveries:
 class CdcWatch:
     """Reads CDC's deliveries from ``offsets`` on (earliest for partitions it never read).
 
-    ``caught_up`` once it has read, in every partition, up to where the partition ended when
-    first assigned: until then the relay cannot tell a slow CDC from its own slow start.
+    ``caught_up`` once it has listed the topics and read, in every partition, up to where the
+    partition ended when first assigned: until then the relay cannot tell a slow CDC from its
+    own slow start. No topic at all counts as caught up: CDC never produced (Connect down
+    from the start), and rows must not wait for it forever.
     """
 
     def __init__(self, bootstrap_servers: str, *, heartbeat_topic: str, offsets: Offsets) -> None:
@@ -57,6 +59,7 @@ class CdcWatch:
         self._assigned: set[TopicPartition] = set()
         self._targets: dict[TopicPartition, int] = {}
         self._refresh_due = 0.0
+        self._listed = False
         self._consumer: Any = KafkaConsumer(
             bootstrap_servers=bootstrap_servers.split(","),
             client_id="outbox-relay-cdc-watch",
@@ -69,7 +72,7 @@ class CdcWatch:
 
     @property
     def caught_up(self) -> bool:
-        return bool(self._assigned) and not self._targets
+        return self._listed and not self._targets
 
     def poll(self, timeout_seconds: float) -> CdcDeliveries:
         if time.monotonic() >= self._refresh_due:
@@ -108,6 +111,7 @@ class CdcWatch:
         """Assign the partitions of topics that appeared since the last look."""
         self._refresh_due = time.monotonic() + _REFRESH_SECONDS
         topics = [topic for topic in self._consumer.topics() if self._pattern.match(topic)]
+        self._listed = True
         new: set[TopicPartition] = set()
         for topic in topics:
             for number in self._consumer.partitions_for_topic(topic) or ():

@@ -1,13 +1,22 @@
 """The relay's PostgreSQL side: one session that holds leadership and does all the work.
 
-Everything the leader does runs on the connection that holds the leader lock: if that
-session dies, the lock is gone *and* so is the only connection that could delete rows, so a
-relay that lost leadership cannot remove anything behind the new leader's back.
+Leadership is a *lease* (a row only the relay role may write): the leader renews it every
+third of ``lease_seconds``; a standby takes it once it expired, or at once when the
+holder's session ended (its random marker lock left ``pg_locks``). The leader stops sending
+when its own, monotonic clock says the lease may have run out (the deadline counts from
+*before* the renewal was sent, so it always ends before the database's expiry).
+
+A network cut must not keep a dead leader's session alive: both ends use TCP keepalives
+(idle 5 s, then 3 probes 2 s apart) and ``tcp_user_timeout`` (unacknowledged data gives up
+after ``lease_seconds``), so PostgreSQL drops the session in about 11 s instead of the
+operating system's 2 hours, and the client notices as well.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,9 +26,17 @@ import psycopg
 
 from outbox.core.tables import OutboxTables
 from relay.cdc_watch import Offsets
-from relay.statements import RelayStatements, leader_lock_key
+from relay.statements import RelayStatements
 
-__all__ = ["Backlog", "OutboxRow", "RelayDatabase", "libpq_conninfo"]
+__all__ = ["Backlog", "LeaseLost", "OutboxRow", "RelayDatabase", "libpq_conninfo"]
+
+_KEEPALIVE_IDLE_SECONDS = 5
+_KEEPALIVE_INTERVAL_SECONDS = 2
+_KEEPALIVE_COUNT = 3
+
+
+class LeaseLost(Exception):
+    """Another relay leads now, or this one's lease may have run out: step down."""
 
 
 def libpq_conninfo(database_url: str) -> str:
@@ -55,19 +72,52 @@ class Backlog:
 class RelayDatabase:
     """One autocommit session; each statement sees its own, fresh snapshot."""
 
-    def __init__(self, database_url: str, tables: OutboxTables) -> None:
+    def __init__(self, database_url: str, tables: OutboxTables, lease_seconds: float) -> None:
         self._conninfo = libpq_conninfo(database_url)
         self.statements = RelayStatements(tables)
-        self._lock_key = leader_lock_key(tables)
+        self.lease_seconds = lease_seconds
+        self.holder = uuid.uuid4()
+        """This relay's id in the lease (one per process, kept across reconnects)."""
+        self._marker = 0
+        self._lease_deadline = 0.0
+        self._renew_due = 0.0
         self._connection: psycopg.Connection[Any] | None = None
 
     def connect(self) -> None:
         self.close()
-        self._connection = psycopg.connect(
-            self._conninfo, autocommit=True, application_name="outbox-relay", connect_timeout=5
+        user_timeout_ms = int(self.lease_seconds * 1000)
+        server_side = " ".join(
+            f"-c {name}={value}"
+            for name, value in (
+                ("tcp_keepalives_idle", _KEEPALIVE_IDLE_SECONDS),
+                ("tcp_keepalives_interval", _KEEPALIVE_INTERVAL_SECONDS),
+                ("tcp_keepalives_count", _KEEPALIVE_COUNT),
+                ("tcp_user_timeout", user_timeout_ms),
+            )
         )
+        self._connection = psycopg.connect(
+            self._conninfo,
+            autocommit=True,
+            application_name="outbox-relay",
+            connect_timeout=5,
+            keepalives=1,
+            keepalives_idle=_KEEPALIVE_IDLE_SECONDS,
+            keepalives_interval=_KEEPALIVE_INTERVAL_SECONDS,
+            keepalives_count=_KEEPALIVE_COUNT,
+            tcp_user_timeout=user_timeout_ms,
+            options=server_side,
+        )
+        self._lease_deadline = 0.0
+        while True:  # a random key nobody else holds (a clash is astronomically rare)
+            self._marker = secrets.randbits(62)
+            row = self.connection.execute(
+                self.statements.session_marker, (self._marker,)
+            ).fetchone()
+            if row and row[0]:
+                break
 
     def close(self) -> None:
+        self._lease_deadline = 0.0
         if self._connection is not None:
             self._connection.close()
             self._connection = None
@@ -79,9 +129,36 @@ class RelayDatabase:
         return self._connection
 
     def try_lead(self) -> bool:
-        """Take the leader lock if nobody holds it; True when this session holds it."""
-        row = self.connection.execute(self.statements.try_lead, (self._lock_key,)).fetchone()
-        return bool(row and row[0])
+        """Take (or renew) the lease if nobody else holds it; True when this relay leads."""
+        sent = time.monotonic()
+        row = self.connection.execute(
+            self.statements.take_lease,
+            {"holder": self.holder, "key": self._marker, "seconds": self.lease_seconds},
+        ).fetchone()
+        if row is None:
+            self._lease_deadline = 0.0
+            return False
+        self._lease_deadline = sent + self.lease_seconds
+        self._renew_due = sent + self.lease_seconds / 3
+        return True
+
+    def renew_if_due(self) -> None:
+        """Renew the lease every third of its length; LeaseLost when another relay leads."""
+        if time.monotonic() >= self._renew_due and not self.try_lead():
+            raise LeaseLost("another relay took the lease: this one stands by")
+
+    def check_lease(self) -> None:
+        """Before sending: LeaseLost when the lease may have run out (no renewal in time)."""
+        if time.monotonic() >= self._lease_deadline:
+            raise LeaseLost(
+                f"the lease was not renewed within {self.lease_seconds:.0f} s "
+                "(database unreachable?): this relay stops sending"
+            )
+
+    def release_lease(self) -> None:
+        """On a clean stop: let a standby lead at once."""
+        self.connection.execute(self.statements.release_lease, (self.holder,))
+        self._lease_deadline = 0.0
 
     def horizon_bounds(self) -> tuple[int, int, int]:
         """(last position drawn, an xid assigned after, oldest running xid after that).
@@ -95,9 +172,18 @@ class RelayDatabase:
         assert last is not None and xid is not None and xmin is not None
         return int(last[0]), int(xid[0]), int(xmin[0])
 
-    def read(self, floor: int, limit: int) -> list[OutboxRow]:
+    def read(
+        self, floor: int, limit: int, excluding: Sequence[tuple[str, bytes]] = ()
+    ) -> list[OutboxRow]:
+        """Rows above ``floor`` in position order, not those of the ``excluding`` aggregates
+        (``(aggregate type, key)`` pairs)."""
         cursor = self.connection.cursor(binary=True)
-        cursor.execute(self.statements.read, (floor, limit))
+        if excluding:
+            types = [aggregate_type for aggregate_type, _ in excluding]
+            ids = [key.decode() for _, key in excluding]
+            cursor.execute(self.statements.read_excluding, (floor, types, ids, limit))
+        else:
+            cursor.execute(self.statements.read, (floor, limit))
         return [OutboxRow(*row) for row in cursor.fetchall()]
 
     def finish(self, delivered: Sequence[str], rejected: Sequence[tuple[str, str]]) -> None:

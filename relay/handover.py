@@ -25,7 +25,9 @@ __all__ = ["Handover"]
 class Handover:
     grace_seconds: float
     took_over_at: float | None = None
-    """When the relay took over (wall clock); None while it stands by."""
+    """When the relay took over (wall clock, as CDC's heartbeat timestamps); None while it
+    stands by. The grace period itself is measured on the monotonic clock: a wall clock
+    stepped forward (NTP) must not make the relay take over, nor one stepped back delay it."""
     takeovers: int = 0
     stepbacks: int = 0
     _last_cdc_heartbeat: float | None = None
@@ -35,13 +37,19 @@ class Handover:
     def publishing(self) -> bool:
         return self.took_over_at is not None
 
-    def should_publish(self, event_ids: Sequence[Hashable], now: float) -> bool:
-        """Given the ids of one read (in position order), publish them all, or none?"""
+    def should_publish(
+        self, event_ids: Sequence[Hashable], now: float, *, wall_now: float | None = None
+    ) -> bool:
+        """Given the ids of one read (in position order), publish them all, or none?
+
+        ``now``: monotonic seconds (``time.monotonic()``); ``wall_now``: the wall clock
+        (``time.time()``), recorded as the takeover time (default: ``now``).
+        """
         self._first_seen = {event_id: self._first_seen.get(event_id, now) for event_id in event_ids}
         if self.publishing:
             return bool(event_ids)
         if any(now - seen >= self.grace_seconds for seen in self._first_seen.values()):
-            self.took_over_at = now
+            self.took_over_at = now if wall_now is None else wall_now
             self.takeovers += 1
             return True
         return False

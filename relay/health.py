@@ -3,7 +3,9 @@
 - ``/healthz``: 200 while the relay's loop is alive (it made progress or waited on purpose
   recently), else 503: a probe should restart the process.
 - ``/readyz``: 200 while the relay has a database session and (as leader) a producer, or is
-  a healthy standby; else 503.
+  a healthy standby; else 503. The body says what the relay is doing (``standby: another
+  replica leads``, ``leader: standing by, CDC delivers``, ``leader: publishing, CDC does
+  not deliver (took over)``, ``retrying after a broker error`` ...).
 - ``/metrics``: Prometheus text format.
 """
 
@@ -29,6 +31,8 @@ class Liveness:
         self.stale_after_seconds = stale_after_seconds
         self._beat = time.monotonic()
         self.ready = False
+        self.state = "starting"
+        """What the relay is doing, in words (the body of ``/readyz``)."""
 
     def beat(self) -> None:
         self._beat = time.monotonic()
@@ -72,11 +76,13 @@ class HealthServer:
             return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
         if path == "/healthz":
             ok = self._liveness.alive
+            body = "ok" if ok else "not ok: the relay's loop made no progress lately"
         elif path == "/readyz":
             ok = self._liveness.alive and self._liveness.ready
+            body = f"{'ok' if ok else 'not ok'}: {self._liveness.state}"
         else:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: try /healthz, /readyz or /metrics\n"]
         status = "200 OK" if ok else "503 Service Unavailable"
-        start_response(status, [("Content-Type", "text/plain")])
-        return [b"ok\n" if ok else b"not ok\n"]
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"{body}\n".encode()]

@@ -19,11 +19,17 @@ snapshot or a later one sees every committed row among them.
 only "latest completed xid + 1", and a running transaction can hold an xid above it, which
 is why the relay asks for an xid rather than a snapshot's ``xmax``: found the hard way.)
 
+A row left in the table on purpose (its aggregate waits after a transient broker error,
+relay/parking.py) is *held*: the floor stays below it until it is released (published or
+dead-lettered), or forgotten at a reset. Lowering the floor is always safe: the relay reads
+present rows only, so a lower floor costs index steps, never a duplicate.
+
 This module is pure: the relay feeds it what it read, it answers with numbers.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +44,9 @@ class Horizon:
     floor: int = 0
     _final: int = 0
     _marks: deque[tuple[int, int]] = field(default_factory=deque)
+    _held: set[int] = field(default_factory=set)
+    _held_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Holds change on the sending thread while the database thread advances the floor."""
 
     def observe(self, *, last_position: int, xid_bound: int, xmin: int) -> None:
         """Record what three statements, in this order, saw before a read.
@@ -76,7 +85,25 @@ class Horizon:
 
     def advance(self, candidate: int) -> None:
         """The read that gave ``candidate`` (and every earlier one) was delivered."""
-        self.floor = max(self.floor, candidate)
+        with self._held_lock:
+            if self._held:
+                candidate = min(candidate, min(self._held) - 1)
+            self.floor = max(self.floor, candidate)
+
+    def hold(self, position: int) -> None:
+        """The row at ``position`` stays in the table: keep the floor below it."""
+        with self._held_lock:
+            self._held.add(position)
+            self.floor = min(self.floor, position - 1)
+
+    def release(self, positions: Sequence[int]) -> None:
+        """These rows left the table: they no longer hold the floor back."""
+        with self._held_lock:
+            self._held.difference_update(positions)
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
 
     def delivered(
         self, positions: Sequence[int], *, limit: int, first_left: int | None = None
@@ -89,3 +116,5 @@ class Horizon:
         self.floor = 0
         self._final = 0
         self._marks.clear()
+        with self._held_lock:
+            self._held.clear()

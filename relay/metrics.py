@@ -54,6 +54,12 @@ class RelayMetrics:
             "over from CDC), 0 while it stands by.",
             registry=r,
         )
+        self.leases_lost = Counter(
+            "outbox_relay_leases_lost",
+            "Times this replica stopped leading: another took the lease, or it could not "
+            "renew it in time.",
+            registry=r,
+        )
         self.takeovers = Counter(
             "outbox_relay_takeovers", "Times the relay took over from CDC (auto mode).", registry=r
         )
@@ -72,6 +78,18 @@ class RelayMetrics:
         )
         self.dead_letters = Gauge(
             "outbox_relay_dead_letters", "Rows in the dead-letter table.", registry=r
+        )
+        self.retried = Counter(
+            "outbox_relay_retried",
+            "Records the broker did not take for a reason that can pass (authorization, "
+            "producer state, timeout), by error: the row stays and its aggregate waits.",
+            ["error"],
+            registry=r,
+        )
+        self.parked = Gauge(
+            "outbox_relay_parked_aggregates",
+            "Aggregates waiting after such a failure (their rows stay in the outbox).",
+            registry=r,
         )
         self.errors = Counter(
             "outbox_relay_errors", "Failures, by kind (database, broker).", ["kind"], registry=r

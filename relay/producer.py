@@ -2,13 +2,18 @@
 
 kafka-python with ``acks='all'`` and the idempotent producer: within a partition (one
 aggregate), records land in send order and a retried send is not written twice. The broker's
-answer sorts every row into one of three outcomes:
+answer sorts every row into one of four outcomes (relay/failures.py decides which):
 
 - acknowledged: the row may be deleted;
-- refused for good (too large, invalid, not authorized: a non-retriable error): a dead letter
+- refused for good (too large, invalid or corrupt record, invalid topic name): a dead letter
   with the broker's reason, never retried by itself;
-- not acknowledged in time (broker down, paused, leader moving): the whole batch is published
-  again later. Duplicates carry the same event id.
+- refused or unanswered for a reason that can pass (authorization, producer state such as
+  ``OutOfOrderSequenceNumber``, a partition without leader): the row stays, its aggregate
+  waits and is tried again; the other rows of the batch go on;
+- nothing acknowledged and the broker unreachable (down, paused): the whole batch is
+  published again later.
+
+Duplicates carry the same event id.
 """
 
 from __future__ import annotations
@@ -24,17 +29,33 @@ from kafka.errors import KafkaError
 
 from outbox.core.contract import headers_for, topic_for
 from relay.database import OutboxRow
+from relay.failures import is_permanent, is_unreachable, reason_for
 from relay.settings import RelaySettings
 
-__all__ = ["BatchOutcome", "ContractProducer", "PendingBatch"]
+__all__ = ["BatchOutcome", "ContractProducer", "PendingBatch", "Retry"]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A row neither acknowledged nor refused for good: it stays, its aggregate waits."""
+
+    row: OutboxRow
+    reason: str
+    error: str
+    """The error's class name (a metric label), or ``timeout``."""
 
 
 @dataclass
 class BatchOutcome:
     delivered: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    retry: list[Retry] = field(default_factory=list)
     failure: str | None = None
-    """Set when some row was neither acknowledged nor refused for good: retry the batch."""
+    """Set when nothing was acknowledged and the broker did not answer: retry the batch."""
+
+    @property
+    def retry_ids(self) -> set[str]:
+        return {retry.row.id for retry in self.retry}
 
 
 @dataclass
@@ -42,17 +63,14 @@ class PendingBatch:
     """Rows handed to the producer, their futures, and what failed at once."""
 
     rows: list[OutboxRow]
-    sent: list[tuple[str, Any]] = field(default_factory=list)
+    sent: list[tuple[OutboxRow, Any]] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    retry: list[Retry] = field(default_factory=list)
     failure: str | None = None
 
 
-def _reason(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
-
-
-def _retriable(error: BaseException) -> bool:
-    return not isinstance(error, KafkaError) or bool(getattr(error, "retriable", False))
+def _retry(row: OutboxRow, error: BaseException | None) -> Retry:
+    return Retry(row, reason_for(error), "timeout" if error is None else type(error).__name__)
 
 
 class ContractProducer:
@@ -97,32 +115,42 @@ class ContractProducer:
                     topic_for(row.aggregate_type), key=row.key, value=row.payload, headers=headers
                 )
             except KafkaError as error:  # e.g. too large for max_request_size: raised at once
-                if _retriable(error):
-                    pending.failure = _reason(error)
+                if is_permanent(error):
+                    pending.rejected.append((row.id, reason_for(error)))
+                    continue
+                if is_unreachable(error):  # the producer cannot take records: all wait
+                    pending.failure = reason_for(error)
                     return pending
-                pending.rejected.append((row.id, _reason(error)))
+                pending.retry.append(_retry(row, error))
                 continue
-            pending.sent.append((row.id, future))
+            pending.sent.append((row, future))
         return pending
 
     def wait(self, pending: PendingBatch) -> BatchOutcome:
         """The broker's answers for a sent batch, waiting at most the delivery timeout."""
-        outcome = BatchOutcome(rejected=list(pending.rejected), failure=pending.failure)
+        outcome = BatchOutcome(
+            rejected=list(pending.rejected), retry=list(pending.retry), failure=pending.failure
+        )
         if outcome.failure is not None:
             return outcome
         deadline = time.monotonic() + self._settings.delivery_timeout_seconds
-        for event_id, future in pending.sent:
+        unreachable = False
+        for row, future in pending.sent:
             if not future.is_done:
                 with contextlib.suppress(KafkaError):  # judged below, from the future
                     future.get(timeout=max(0.0, deadline - time.monotonic()))
             if not future.is_done:
-                outcome.failure = outcome.failure or "not acknowledged within the delivery timeout"
+                outcome.retry.append(_retry(row, None))
+                unreachable = True
             elif future.succeeded():
-                outcome.delivered.append(event_id)
-            elif _retriable(future.exception):
-                outcome.failure = outcome.failure or _reason(future.exception)
+                outcome.delivered.append(row.id)
+            elif is_permanent(future.exception):
+                outcome.rejected.append((row.id, reason_for(future.exception)))
             else:
-                outcome.rejected.append((event_id, _reason(future.exception)))
+                outcome.retry.append(_retry(row, future.exception))
+                unreachable = unreachable or is_unreachable(future.exception)
+        if unreachable and not outcome.delivered and not outcome.rejected:
+            outcome.failure = outcome.retry[0].reason
         return outcome
 
     def close(self) -> None:

@@ -1,20 +1,25 @@
 """The relay's loop: lead, read, publish, delete; in auto mode, only when CDC does not.
 
-One leader at a time per outbox table (a PostgreSQL advisory lock held by the session that
-does all the work); other replicas wait and take over within ``leader_retry_seconds`` of the
-leader's session ending (crash, kill, network loss: PostgreSQL ends the session and frees
-the lock). Ordering per aggregate needs a single reader in position order, hence a leader
-rather than shards: one relay already publishes faster than one Debezium task (see the
+One leader at a time per outbox table (a lease in PostgreSQL, renewed by the leader's
+session, which does all the work: relay/database.py); other replicas wait and take over
+within ``leader_retry_seconds`` of the leader's session ending (crash, kill), or within
+``lease_seconds + leader_retry_seconds`` of its last renewal when the leader is cut off
+(network loss, a frozen process): the leader itself stops sending before its lease ends.
+Ordering per aggregate needs a single reader in position order, hence a leader rather than
+shards: one relay already publishes faster than one Debezium task (see the
 benchmark), and a standby costs nothing but a connection.
 
 Faults: a database error drops the session (and leadership) and reconnects with backoff;
-a batch the broker did not acknowledge is published again (same event ids) after a pause
-that doubles up to ``max_backoff_seconds``; a record the broker refuses for good becomes a
-dead letter. ``stop`` (SIGTERM) lets the batch in flight finish: published, then deleted.
+a batch the broker did not acknowledge at all is published again (same event ids) after a
+pause that doubles up to ``max_backoff_seconds``; a record the broker refuses for good becomes
+a dead letter; a record refused for a reason that can pass stays, and only its aggregate
+waits (relay/parking.py) while the others go on. ``stop`` (SIGTERM) lets the batch in
+flight finish: published, then deleted, and hands the lease back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -26,11 +31,12 @@ from kafka.errors import KafkaError
 
 from outbox.core.tables import OutboxTables
 from relay.cdc_watch import CdcWatch
-from relay.database import OutboxRow, RelayDatabase
+from relay.database import LeaseLost, OutboxRow, RelayDatabase
 from relay.handover import Handover
 from relay.health import Liveness
 from relay.horizon import Horizon
 from relay.metrics import RelayMetrics
+from relay.parking import Parking
 from relay.producer import BatchOutcome, ContractProducer
 from relay.settings import RelayMode, RelaySettings
 
@@ -77,9 +83,10 @@ class Relay:
         self.metrics = metrics if metrics is not None else RelayMetrics()
         self.liveness = liveness or Liveness(settings.delivery_timeout_seconds + 30)
         self._bootstrap = bootstrap_servers
-        self._database = RelayDatabase(database_url, tables)
+        self._database = RelayDatabase(database_url, tables, settings.lease_seconds)
         self._horizon = Horizon()
         self._handover = Handover(settings.grace_seconds)
+        self._parking = Parking(settings.retry_backoff_seconds, settings.max_backoff_seconds)
         self._producer: ContractProducer | None = None
         self._watch: CdcWatch | None = None
         self._backoff = settings.retry_backoff_seconds
@@ -97,18 +104,29 @@ class Relay:
             while not stop.is_set():
                 try:
                     self._lead_and_work(stop)
+                except LeaseLost as lost:
+                    log.warning("%s", lost)
+                    self.metrics.leases_lost.inc()
+                    self._step_down()
+                    stop.wait(self.settings.leader_retry_seconds)
                 except psycopg.Error as error:
                     self._fault("database", error, stop)
                 except (KafkaError, _BatchNotAcknowledged) as error:
                     self._fault("broker", error, stop)
         finally:
+            if self._leading:
+                with contextlib.suppress(psycopg.Error):
+                    self._database.release_lease()  # a standby leads at once
             self._step_down()
+            self.liveness.state = "stopped"
             log.info("relay stopped")
 
     def _lead_and_work(self, stop: threading.Event) -> None:
+        self.liveness.state = "connecting to the database"
         self._database.connect()
         self.liveness.ready = True
         while not self._database.try_lead():
+            self.liveness.state = "standby: another replica leads"
             self.liveness.beat()
             if stop.wait(self.settings.leader_retry_seconds):
                 return
@@ -116,12 +134,15 @@ class Relay:
         self._leading = True
         self.metrics.leader.set(1)
         self._horizon.reset()
+        self._parking.clear()
         if self.settings.mode is RelayMode.POLLING:
+            self.liveness.state = "leader: publishing (polling mode)"
             self.metrics.publishing.set(1)
             self._relay_polling(stop)
             return
         while not stop.is_set():
             self.liveness.beat()
+            self._database.renew_if_due()
             busy = self._step_auto()
             self._backoff = self.settings.retry_backoff_seconds
             self._report_backlog()
@@ -145,24 +166,27 @@ class Relay:
             read = self._database_cycle(None, frozenset())
             while not stop.is_set():
                 self.liveness.beat()
-                if not read.rows:
-                    # Nothing new: finish what was acknowledged, then the empty read's floor.
+                rows = self._admit(read.rows)
+                if not rows:
+                    # Nothing to send (nothing new, or only aggregates that wait): finish what
+                    # was acknowledged, then the read's floor (held below waiting rows).
                     following = self._database_cycle(acked, frozenset())
                     acked = None
                     self._horizon.advance(read.candidate)
                     self.metrics.floor.set(self._horizon.floor)
                     self._backoff = self.settings.retry_backoff_seconds
-                    if not following.rows and stop.wait(self.settings.idle_seconds):
+                    waiting = bool(read.rows) or not following.rows
+                    if waiting and stop.wait(self.settings.idle_seconds):
                         break
                     read = following
                     continue
-                skip = frozenset(row.id for row in read.rows)
+                skip = frozenset(row.id for row in rows)
                 cycle = database.submit(self._database_cycle, acked, skip)
                 try:
-                    outcome = self._publish(read.rows)
+                    outcome = self._publish(rows)
                 finally:
                     following = cycle.result()  # never leave the database thread running alone
-                acked = _InFlight(read.rows, outcome, read.candidate)
+                acked = _InFlight(rows, outcome, read.candidate)
                 self._backoff = self.settings.retry_backoff_seconds
                 read = following
             if acked is not None:  # stopping: the acknowledged batch leaves the table first
@@ -170,12 +194,13 @@ class Relay:
 
     def _database_cycle(self, acked: _InFlight | None, skip: frozenset[str]) -> _Read:
         """Finish the acknowledged batch, then read the next (runs on the database thread)."""
+        self._database.renew_if_due()
         if acked is not None:
             self._finish(acked)
         self._report_backlog()
         self._observe_horizon()
         fetch = self.settings.batch_size + len(skip)
-        read = self._database.read(self._horizon.floor, fetch)
+        read = self._database.read(self._horizon.floor, fetch, self._waiting())
         candidate = self._horizon.candidate([row.position for row in read], limit=fetch)
         return _Read([row for row in read if row.id not in skip], candidate)
 
@@ -193,6 +218,7 @@ class Relay:
 
     def _fault(self, kind: str, error: BaseException, stop: threading.Event) -> None:
         self.metrics.errors.labels(kind).inc()
+        self.liveness.state = f"retrying after a {kind} error"
         log.warning(
             "relay %s error, retrying in %.1f s: %s",
             kind,
@@ -222,16 +248,20 @@ class Relay:
 
     def _step_auto(self) -> bool:
         if not self._follow_cdc():
+            self.liveness.state = "leader: catching up with CDC's records on Kafka"
             return False  # the watch is still catching up: too early to judge CDC
         self._observe_horizon()
         limit = self.settings.batch_size
-        rows = self._database.read(self._horizon.floor, limit)
+        rows = self._database.read(self._horizon.floor, limit, self._waiting())
         if not self._takes_over(rows):
             first_left = rows[0].position if rows else None
             self._horizon.delivered([], limit=limit, first_left=first_left)
             self.metrics.floor.set(self._horizon.floor)
+            self.liveness.state = "leader: standing by, CDC delivers"
             return False
+        self.liveness.state = "leader: publishing, CDC does not deliver (took over)"
         candidate = self._horizon.candidate([row.position for row in rows], limit=limit)
+        rows = self._admit(rows)
         if rows:
             self._finish(_InFlight(rows, self._publish(rows), candidate))
         else:
@@ -247,7 +277,13 @@ class Relay:
         self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
 
     def _publish(self, rows: list[OutboxRow]) -> BatchOutcome:
-        """Send ``rows`` and wait for the broker; a batch not acknowledged raises (retried)."""
+        """Send ``rows`` and wait for the broker; a batch not acknowledged raises (retried).
+
+        Rows refused for a reason that can pass stay in the table (the floor is held below
+        them) and their aggregates wait; the producer is replaced, as its state may be what
+        the broker refused (``OutOfOrderSequenceNumber``, ``UnknownProducerId``, epochs).
+        """
+        self._database.check_lease()
         if self._producer is None:
             self._producer = ContractProducer(self._bootstrap, self.settings)
         started = time.monotonic()
@@ -256,7 +292,45 @@ class Relay:
             self._drop_producer()
             raise _BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
         self.metrics.publish_seconds.observe(time.monotonic() - started)
+        delivered = set(outcome.delivered)
+        for row in rows:
+            if row.id in delivered:
+                self._parking.delivered((row.aggregate_type, row.key))
+        if outcome.retry:
+            self._drop_producer()
+            now = time.monotonic()
+            for retry in outcome.retry:
+                row = retry.row
+                self._horizon.hold(row.position)
+                pause = self._parking.park((row.aggregate_type, row.key), now)
+                self.metrics.retried.labels(retry.error).inc()
+                log.warning(
+                    "broker did not take event %s (aggregate %s/%s), retrying in %.1f s: %s",
+                    row.id,
+                    row.aggregate_type,
+                    row.key.decode(errors="replace"),
+                    pause,
+                    retry.reason.splitlines()[0][:300],
+                )
+            self.metrics.parked.set(self._parking.count(now))
+        self._horizon.release([row.position for row in rows if row.id not in outcome.retry_ids])
         return outcome
+
+    def _waiting(self) -> list[tuple[str, bytes]]:
+        """The aggregates whose rows the next read leaves out (their first row is held)."""
+        return self._parking.parked(time.monotonic())  # type: ignore[return-value]
+
+    def _admit(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """The rows that may be sent now: not those of an aggregate that waits (held)."""
+        now = time.monotonic()
+        admitted = []
+        for row in rows:
+            if self._parking.is_parked((row.aggregate_type, row.key), now):
+                self._horizon.hold(row.position)
+            else:
+                admitted.append(row)
+        self.metrics.parked.set(self._parking.count(now))
+        return admitted
 
     def _drop_producer(self) -> None:
         if self._producer is not None:
@@ -264,8 +338,12 @@ class Relay:
             self._producer = None
 
     def _takes_over(self, rows: list[OutboxRow]) -> bool:
+        if self.settings.mode is RelayMode.CLEANUP:
+            return False  # never publishes: deletes what CDC delivered, nothing else
         was_publishing = self._handover.publishing
-        publish = self._handover.should_publish([row.id for row in rows], time.time())
+        publish = self._handover.should_publish(
+            [row.id for row in rows], time.monotonic(), wall_now=time.time()
+        )
         if publish and not was_publishing:
             self.metrics.takeovers.inc()
             self.metrics.publishing.set(1)

@@ -5,12 +5,11 @@ Every name comes from :class:`outbox.core.tables.OutboxTables`, validated and qu
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 from outbox.core.tables import OutboxTables
 
-__all__ = ["RelayStatements", "leader_lock_key"]
+__all__ = ["RelayStatements"]
 
 # Everything the record needs as UTF-8 bytes already (bytea, read in binary): no decoding
 # to str and encoding back for every row.
@@ -21,22 +20,50 @@ _ROW_COLUMNS = (
 )
 
 
-def leader_lock_key(tables: OutboxTables) -> int:
-    """The bigint advisory lock whose holder is the relay's leader for this outbox table.
-
-    (Single-bigint advisory locks live apart from the two-int4 locks the ordering trigger
-    takes, so the two can never collide.)
-    """
-    return zlib.crc32(f"outbox-relay:{tables.schema}.{tables.outbox}".encode())
-
-
 @dataclass(frozen=True)
 class RelayStatements:
     tables: OutboxTables
 
     @property
-    def try_lead(self) -> str:
+    def session_marker(self) -> str:
+        """Take this session's marker lock (``%s``: a random bigint key, unknown to others).
+
+        It proves the session alive to a standby (``pg_locks``): when the session ends, the
+        lock goes, and a standby may take the lease at once instead of waiting it out.
+        """
         return "SELECT pg_try_advisory_lock(%s)"
+
+    @property
+    def take_lease(self) -> str:
+        """Lead (or go on leading): returns the lease's epoch, or no row when another leads.
+
+        ``%(holder)s``: this relay's id, ``%(key)s``: its session marker, ``%(seconds)s``:
+        the lease's length. Taken when free, expired, held by this relay already, or held
+        by a session that ended (its marker lock is gone). Only the relay role may write the
+        lease table: no other role can take or freeze leadership.
+        """
+        lease = self.tables.qualified_relay_lease
+        return (
+            f"INSERT INTO {lease} AS l (name, holder, pid, marker, epoch, expires_at) "
+            "VALUES ('leader', %(holder)s::uuid, pg_backend_pid(), %(key)s, 1, "
+            "clock_timestamp() + %(seconds)s * interval '1 second') "
+            "ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, pid = EXCLUDED.pid, "
+            "marker = EXCLUDED.marker, expires_at = EXCLUDED.expires_at, "
+            "epoch = l.epoch + CASE WHEN l.holder = EXCLUDED.holder THEN 0 ELSE 1 END "
+            "WHERE l.holder = EXCLUDED.holder OR l.expires_at < clock_timestamp() "
+            "OR NOT EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' "
+            "AND k.granted AND k.pid = l.pid AND k.objsubid = 1 "
+            "AND ((k.classid::bigint << 32) | k.objid::bigint) = l.marker) "
+            "RETURNING epoch"
+        )
+
+    @property
+    def release_lease(self) -> str:
+        """Hand leadership back at once (a clean stop): ``%s`` is this relay's id."""
+        return (
+            f"UPDATE {self.tables.qualified_relay_lease} SET expires_at = '-infinity' "
+            "WHERE name = 'leader' AND holder = %s::uuid"
+        )
 
     @property
     def last_position(self) -> str:
@@ -64,6 +91,15 @@ class RelayStatements:
         return (
             f"SELECT {_ROW_COLUMNS} FROM {self.tables.qualified_outbox} "
             "WHERE position > %s ORDER BY position LIMIT %s"
+        )
+
+    @property
+    def read_excluding(self) -> str:
+        """:attr:`read`, leaving out the aggregates ``(%s types[], %s ids[])`` that wait."""
+        return (
+            f"SELECT {_ROW_COLUMNS} FROM {self.tables.qualified_outbox} "
+            "WHERE position > %s AND (aggregatetype, aggregateid) NOT IN "
+            "(SELECT * FROM unnest(%s::text[], %s::text[])) ORDER BY position LIMIT %s"
         )
 
     @property

@@ -3,8 +3,8 @@
 Every test under ``tests/integration`` is marked ``integration`` here, whatever its module
 says, so ``pytest -m "not integration"`` (``make test-unit``) runs without PostgreSQL, the
 broker or Connect. The other way round holds too: a test outside ``tests/integration`` that
-asks for a service fixture (one defined in a ``tests/fix_*.py`` plugin, all of which start
-or use the suite's services) fails collection with the fix to make.
+asks for a service fixture (one defined in a ``tests/fix_*.py`` plugin that starts or uses
+the suite's services: all but the TCP proxy) fails collection with the fix to make.
 """
 
 from __future__ import annotations
@@ -13,10 +13,17 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.fix_postgres", "tests.fix_stack", "tests.fix_cdc", "tests.fix_relay"]
+pytest_plugins = [
+    "tests.fix_postgres",
+    "tests.fix_stack",
+    "tests.fix_cdc",
+    "tests.fix_relay",
+    "tests.fix_proxy",
+]
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
-SERVICE_PLUGINS = tuple(pytest_plugins)
+# The TCP proxy starts no service of its own (it sits in front of one).
+SERVICE_PLUGINS = tuple(plugin for plugin in pytest_plugins if plugin != "tests.fix_proxy")
 
 
 def service_fixtures_of(item: pytest.Item) -> list[str]:

@@ -109,12 +109,18 @@ class RelayBench:
         return RelaySettings(**{**FAST, **overrides})  # type: ignore[arg-type]
 
     @contextmanager
-    def in_thread(self, **overrides: object) -> Iterator[Relay]:
+    def in_thread(
+        self,
+        *,
+        database_url: str | None = None,
+        bootstrap_servers: str | None = None,
+        **overrides: object,
+    ) -> Iterator[Relay]:
         """A relay running in a thread of the test, stopped (and its batch drained) at exit."""
         relay = Relay(
             self.settings(**overrides),
-            database_url=self.database.url,
-            bootstrap_servers=self.kafka.bootstrap_servers,
+            database_url=database_url or self.database.url,
+            bootstrap_servers=bootstrap_servers or self.kafka.bootstrap_servers,
             tables=OutboxSettings().tables,
         )
         stop = threading.Event()

@@ -27,6 +27,8 @@ class OutboxTables:
         validate_identifier(self.publication, field="publication")
         validate_identifier(self.position_sequence, field="outbox table (sequence name)")
         validate_identifier(self.position_function, field="outbox table (function name)")
+        for derived in (self.relay_lease, self.topic_registry, self.topic_check_function):
+            validate_identifier(derived, field=f"outbox table (name {derived!r} derived from it)")
 
     @property
     def position_sequence(self) -> str:
@@ -69,6 +71,32 @@ class OutboxTables:
     @property
     def qualified_relay_offset(self) -> str:
         return qualified_name(self.schema, self.relay_offset, field="outbox table (offsets)")
+
+    @property
+    def relay_lease(self) -> str:
+        """The relay's leadership: who leads, until when (renewed by the leader)."""
+        return f"{self.outbox}_relay_lease"
+
+    @property
+    def qualified_relay_lease(self) -> str:
+        return qualified_name(self.schema, self.relay_lease, field="outbox table (lease)")
+
+    @property
+    def topic_registry(self) -> str:
+        """Every aggregate type seen, with its topic name's collision key (``.`` = ``_``)."""
+        return f"{self.outbox}_topic"
+
+    @property
+    def qualified_topic_registry(self) -> str:
+        return qualified_name(self.schema, self.topic_registry, field="outbox table (topics)")
+
+    @property
+    def topic_check_function(self) -> str:
+        return f"{self.outbox}_check_topic"
+
+    @property
+    def qualified_topic_check_function(self) -> str:
+        return qualified_name(self.schema, self.topic_check_function, field="function")
 
     @property
     def inbox_dead_letter(self) -> str:

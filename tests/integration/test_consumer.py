@@ -155,3 +155,52 @@ def test_consumer_arguments_are_checked() -> None:
             begin=threading.Lock,  # never used
             handler=lambda _t, _e: None,
         )
+
+
+def test_a_statement_timeout_is_an_attempt_not_an_outage(relay_bench: RelayBench) -> None:
+    """``QueryCanceled`` is an ``OperationalError`` for psycopg: it used to be retried for
+    ever as if the database were down, blocking the partition. It counts as an attempt."""
+    aggregate_type = f"t{uuid.uuid4().hex[:10]}"
+    topic = topic_for(aggregate_type)
+    bootstrap = relay_bench.kafka.bootstrap_servers
+    with relay_bench.database.connect() as connection, connection.transaction():
+        events = [Event(aggregate_type, "1", "Step", {"n": n}) for n in range(3)]
+        Outbox().publish_many(connection, events)
+    with relay_bench.in_thread():
+        wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="relayed")
+    engine = sa.create_engine(relay_bench.database.url)
+    slow = events[1].event_id
+
+    def handler(session: Session, event: ReceivedEvent) -> None:
+        if event.event_id == slow:  # a query that always outlives its statement timeout
+            session.execute(sa.text("SET LOCAL statement_timeout = '20ms'"))
+            session.execute(sa.text("SELECT pg_sleep(1)"))
+
+    consumer = IdempotentConsumer(
+        name="timeout-test",
+        group_id=f"timeout-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        bootstrap_servers=bootstrap,
+        begin=sa.orm.sessionmaker(engine).begin,
+        handler=handler,
+        max_attempts=2,
+        retry_backoff_seconds=0.05,
+        consumer_options=FAST_GROUP,
+    )
+    try:
+        drain(
+            consumer,
+            lambda: consumer.stats.dead_lettered >= 1 and consumer.stats.applied >= 2,
+            timeout=60,
+        )
+    finally:
+        consumer.close()
+    assert consumer.stats.handler_failures == 2
+    with engine.connect() as connection:
+        reason = connection.execute(
+            sa.text(
+                "SELECT reason FROM outbox.outbox_inbox_dead_letter WHERE consumer = 'timeout-test'"
+            )
+        ).scalar_one()
+    assert "QueryCanceled" in reason
+    engine.dispose()

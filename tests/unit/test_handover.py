@@ -52,3 +52,16 @@ def test_rows_that_were_delivered_are_forgotten() -> None:
     assert not handover.should_publish(later, now=104.0)
     assert not handover.should_publish(later, now=108.0)
     assert handover.should_publish(later, now=109.0)
+
+
+def test_the_grace_period_ignores_wall_clock_steps() -> None:
+    """Measured on the monotonic clock: an NTP step forward does not make the relay take
+    over, and the takeover time kept for heartbeats is the wall clock's."""
+    handover = Handover(grace_seconds=5)
+    rows = ids(1)
+    assert not handover.should_publish(rows, now=100.0, wall_now=1_000.0)
+    assert not handover.should_publish(rows, now=101.0, wall_now=9_000.0)  # stepped forward
+    assert handover.should_publish(rows, now=105.0, wall_now=500.0)  # stepped back
+    assert handover.took_over_at == 500.0
+    handover.cdc_heartbeat(600.0)
+    assert handover.drained()

@@ -1,0 +1,132 @@
+"""Hardening: the relay's lease, topic names that cannot poison CDC, indexes for expiry.
+
+- ``<outbox>_relay_lease``: who leads the relay, until when (relay/database.py). Only the
+  relay role may write it, so no other role can take or freeze leadership (the advisory
+  lock it replaces could be taken by any role that knew its well-known key).
+- ``aggregatetype`` is checked by the database as the SDK checks it (Kafka's topic
+  alphabet, 1 to 200 characters): a hand-written INSERT cannot create a record that fails
+  the connector's task for every service. ``NOT VALID``: rows already there are not
+  rechecked (they were written through the SDK, or already broke CDC).
+- ``<outbox>_topic``: every aggregate type the outbox has seen, with its topic name's
+  *collision key* (Kafka treats ``.`` and ``_`` alike in topic names: ``order.line`` and
+  ``order_line`` collide). A new aggregate type whose key is taken is refused by a trigger,
+  in the publishing transaction, with a message that names the other type. The trigger
+  looks the type up (one index probe per row) and inserts only for a new type.
+- Indexes on ``failed_at`` and ``beat``: expiry of old dead letters and heartbeat rows
+  (``outbox db expire``) without reading the whole table.
+
+Revision ID: outbox_0005
+Revises: outbox_0003
+Create Date: 2026-11-23
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+from migrations.names import outbox_tables
+
+revision = "outbox_0005"
+down_revision = "outbox_0003"
+branch_labels = None
+depends_on = None
+
+# The SDK's rule (outbox/core/event.py, _AGGREGATE_TYPE), as a POSIX regular expression.
+AGGREGATE_TYPE_PATTERN = "^[A-Za-z0-9._-]{1,200}$"
+
+
+def _names() -> dict[str, str]:
+    tables = outbox_tables()
+    return {
+        "outbox": tables.qualified_outbox,
+        "lease": tables.qualified_relay_lease,
+        "topic": tables.qualified_topic_registry,
+        "function": tables.qualified_topic_check_function,
+        "trigger": f'"{tables.topic_check_function}"',
+        "constraint": f'"{tables.outbox}_aggregatetype_check"',
+        "dead_letter": tables.qualified_dead_letter,
+        "dead_letter_index": f'"{tables.dead_letter}_failed_at_idx"',
+        "heartbeat": tables.qualified_heartbeat,
+        "heartbeat_index": f'"{tables.heartbeat}_beat_idx"',
+    }
+
+
+def upgrade() -> None:
+    n = _names()
+    op.execute(
+        f"""
+        CREATE TABLE {n["lease"]} (
+            name       text        PRIMARY KEY CHECK (name = 'leader'),
+            holder     uuid        NOT NULL,
+            pid        integer     NOT NULL,
+            marker     bigint      NOT NULL,
+            epoch      bigint      NOT NULL,
+            expires_at timestamptz NOT NULL
+        )
+        """
+    )
+    op.execute(
+        f"ALTER TABLE {n['outbox']} ADD CONSTRAINT {n['constraint']} "
+        f"CHECK (aggregatetype ~ '{AGGREGATE_TYPE_PATTERN}') NOT VALID"
+    )
+    op.execute(
+        f"""
+        CREATE TABLE {n["topic"]} (
+            aggregatetype text PRIMARY KEY,
+            collision_key text NOT NULL UNIQUE
+        )
+        """
+    )
+    op.execute(
+        f"INSERT INTO {n['topic']} SELECT DISTINCT aggregatetype, "
+        f"translate(aggregatetype, '.', '_') FROM {n['outbox']} ORDER BY 1 "
+        "ON CONFLICT DO NOTHING"
+    )
+    # SECURITY DEFINER: publishers need no privilege on the registry; the search path is
+    # fixed so that no role can slip its own objects into the function's lookups.
+    op.execute(
+        f"""
+        CREATE FUNCTION {n["function"]}() RETURNS trigger LANGUAGE plpgsql
+        SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+        DECLARE
+            other text;
+        BEGIN
+            PERFORM 1 FROM {n["topic"]} WHERE aggregatetype = NEW.aggregatetype;
+            IF FOUND THEN
+                RETURN NEW;
+            END IF;
+            INSERT INTO {n["topic"]} VALUES
+                (NEW.aggregatetype, translate(NEW.aggregatetype, '.', '_'))
+                ON CONFLICT DO NOTHING;
+            SELECT aggregatetype INTO other FROM {n["topic"]}
+                WHERE collision_key = translate(NEW.aggregatetype, '.', '_');
+            IF other IS DISTINCT FROM NEW.aggregatetype THEN
+                RAISE EXCEPTION 'aggregate type % collides with aggregate type %',
+                    NEW.aggregatetype, other
+                    USING ERRCODE = 'check_violation',
+                    HINT = 'Kafka treats "." and "_" alike in topic names: use the existing '
+                           'aggregate type, or a name that differs otherwise';
+            END IF;
+            RETURN NEW;
+        END
+        $fn$
+        """
+    )
+    op.execute(f"REVOKE ALL ON FUNCTION {n['function']}() FROM PUBLIC")
+    op.execute(
+        f"CREATE TRIGGER {n['trigger']} BEFORE INSERT ON {n['outbox']} "
+        f"FOR EACH ROW EXECUTE FUNCTION {n['function']}()"
+    )
+    op.execute(f"CREATE INDEX {n['dead_letter_index']} ON {n['dead_letter']} (failed_at)")
+    op.execute(f"CREATE INDEX {n['heartbeat_index']} ON {n['heartbeat']} (beat)")
+
+
+def downgrade() -> None:
+    n = _names()
+    op.execute(f"DROP INDEX IF EXISTS {outbox_tables().quoted_schema}.{n['heartbeat_index']}")
+    op.execute(f"DROP INDEX IF EXISTS {outbox_tables().quoted_schema}.{n['dead_letter_index']}")
+    op.execute(f"DROP TRIGGER IF EXISTS {n['trigger']} ON {n['outbox']}")
+    op.execute(f"DROP FUNCTION IF EXISTS {n['function']}()")
+    op.execute(f"DROP TABLE IF EXISTS {n['topic']}")
+    op.execute(f"ALTER TABLE {n['outbox']} DROP CONSTRAINT IF EXISTS {n['constraint']}")
+    op.execute(f"DROP TABLE IF EXISTS {n['lease']}")

@@ -1,0 +1,171 @@
+"""Leadership under network faults, and auto mode when CDC never produced anything.
+
+The leader talks to PostgreSQL through a TCP proxy (tests/fix_proxy.py) that the test
+freezes: the leader's session stays open on the server (no reset reaches it), as on a
+network that silently drops packets. The standby, connected directly, must lead within
+``lease_seconds + leader_retry_seconds`` (docs/operations.md) and deliver everything in
+per-aggregate order.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from outbox import Event, Outbox
+from outbox.core.contract import event_id_of, topic_for
+from relay.health import HealthServer
+from relay.service import Relay
+from stack.broker import TansuBroker
+from stack.settings import StackSettings
+from tests.fix_postgres import ROOT, free_port
+from tests.fix_proxy import TcpProxy
+from tests.fix_relay import RelayBench, wait_until
+from tests.integration.test_relay_faults import check_delivery
+from tests.kafka_read import read_until
+from tests.writers import Writer
+
+pytestmark = pytest.mark.timeout(240)
+
+LEASE_SECONDS = 4.0
+RETRY_SECONDS = 0.5
+
+
+def sample(relay: Relay, name: str, **labels: str) -> float:
+    return relay.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_standby_leads_within_the_lease_when_the_leader_is_cut_off(
+    relay_bench: RelayBench, tcp_proxy: Callable[[str, int], TcpProxy]
+) -> None:
+    cluster = relay_bench.database.cluster
+    proxy = tcp_proxy("127.0.0.1", cluster.port)
+    via_proxy = relay_bench.database.url.replace(f":{cluster.port}/", f":{proxy.port}/")
+    assert via_proxy != relay_bench.database.url
+    timing = {"lease_seconds": LEASE_SECONDS, "leader_retry_seconds": RETRY_SECONDS}
+    writer = Writer(
+        relay_bench.database.conninfo, f"n{uuid.uuid4().hex[:10]}", batches=300, pace_seconds=0.02
+    )
+    with relay_bench.in_thread(database_url=via_proxy, batch_size=50, **timing) as leader:
+        wait_until(lambda: sample(leader, "outbox_relay_leader") == 1, timeout=30, what="leads")
+        with relay_bench.in_thread(batch_size=50, **timing) as standby:
+            wait_until(
+                lambda: standby.liveness.state.startswith("standby"), timeout=30, what="standby"
+            )
+            writer.start()
+            writer.wait_for(60)
+            wait_until(
+                lambda: sample(leader, "outbox_relay_published_total") > 100,
+                timeout=30,
+                what="the leader publishes",
+            )
+            proxy.freeze()
+            cut_at = time.monotonic()
+            wait_until(
+                lambda: sample(standby, "outbox_relay_leader") == 1,
+                timeout=LEASE_SECONDS + RETRY_SECONDS + 10,
+                what="the standby leads",
+            )
+            handover = time.monotonic() - cut_at
+            with relay_bench.database.connect() as connection:
+                row = connection.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                    "'outbox-relay' AND datname = current_database()"
+                ).fetchone()
+            assert row is not None and row[0] >= 2, "the cut-off leader's session is gone"
+            writer.join(timeout=120)
+            wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="drained")
+            assert sample(standby, "outbox_relay_published_total") > 0
+            proxy.drop()  # the network comes back broken: the old leader errs and stands by
+            proxy.restore()
+            wait_until(
+                lambda: leader.liveness.state.startswith("standby"),
+                timeout=60,
+                what="the old leader stands by",
+            )
+            lost = sample(leader, "outbox_relay_leases_lost_total")
+            assert lost + sample(leader, "outbox_relay_errors_total", kind="database") >= 1
+    assert handover < LEASE_SECONDS + RETRY_SECONDS + 2, f"handover took {handover:.1f} s"
+    check_delivery(relay_bench, writer)
+
+
+def test_no_other_role_can_take_leadership(relay_bench: RelayBench) -> None:
+    """The advisory lock of old had a well-known key: any role could take it and freeze
+    delivery. The lease table is written by the relay role (and the owner) only."""
+    role = f"intruder_{uuid.uuid4().hex[:8]}"
+    with relay_bench.database.connect(autocommit=True) as admin:
+        admin.execute(
+            psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'x-intruder-1'").format(
+                psycopg.sql.Identifier(role)
+            )
+        )
+        admin.execute(
+            psycopg.sql.SQL("GRANT USAGE ON SCHEMA outbox TO {}").format(
+                psycopg.sql.Identifier(role)
+            )
+        )
+    try:
+        as_role = psycopg.conninfo.make_conninfo(
+            relay_bench.database.conninfo, user=role, password="x-intruder-1"
+        )
+        with psycopg.connect(as_role) as intruder:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                intruder.execute(
+                    "INSERT INTO outbox.outbox_relay_lease VALUES "
+                    "('leader', gen_random_uuid(), pg_backend_pid(), 1, 1, 'infinity')"
+                )
+        aggregate_type = f"l{uuid.uuid4().hex[:10]}"
+        with relay_bench.database.connect() as connection, connection.transaction():
+            Outbox().publish(connection, Event(aggregate_type, "1", "Tick", {}))
+        with relay_bench.in_thread():
+            wait_until(lambda: relay_bench.undelivered() == 0, timeout=30, what="relayed")
+    finally:
+        with relay_bench.database.connect(autocommit=True) as admin:
+            admin.execute(psycopg.sql.SQL("DROP OWNED BY {}").format(psycopg.sql.Identifier(role)))
+            admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(role)))
+
+
+def test_auto_mode_takes_over_when_cdc_never_produced(
+    relay_bench: RelayBench, tmp_path: Path
+) -> None:
+    """Connect down from the start: no outbox topic, no heartbeat on a fresh broker. The
+    rows must not wait forever, and /readyz must say the relay publishes in CDC's place."""
+    settings = StackSettings(
+        dir=tmp_path / "stack",
+        broker_port=free_port(),
+        downloads=ROOT / ".cache" / "stack",
+    )
+    broker = TansuBroker(settings)
+    broker.up()
+    try:
+        aggregate_type = f"c{uuid.uuid4().hex[:10]}"
+        events = [Event(aggregate_type, "1", "Tick", {"n": n}) for n in range(5)]
+        with relay_bench.database.connect() as connection, connection.transaction():
+            Outbox().publish_many(connection, events)
+        with relay_bench.in_thread(
+            bootstrap_servers=broker.bootstrap_servers, mode="auto", grace_seconds=1.0
+        ) as relay:
+            server = HealthServer("127.0.0.1", 0, relay.liveness, relay.metrics)
+            server.start()
+            try:
+                wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="took over")
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{server.port}/readyz", timeout=5
+                ) as answer:
+                    body = answer.read().decode()
+            finally:
+                server.stop()
+            assert sample(relay, "outbox_relay_takeovers_total") == 1
+        assert "took over" in body, body
+        records = read_until(
+            broker.bootstrap_servers, topic_for(aggregate_type), lambda r: len(r) >= 5
+        )
+        assert [event_id_of(r.headers) for r in records] == [e.event_id for e in events]
+    finally:
+        broker.down()
