@@ -28,9 +28,10 @@ def apply(
 
 @app.command()
 def status() -> None:
-    """Connector and task states, and the replication slot's retained WAL (lag) in bytes.
+    """Connector and task states; the replication slot's state, retained WAL (lag) in bytes,
+    and PostgreSQL's max_slot_wal_keep_size with a recommendation.
 
-    The lag needs OUTBOX_DATABASE_URL. Exit 1 unless everything runs.
+    The slot report needs OUTBOX_DATABASE_URL. Exit 1 unless everything runs.
     """
     import os
 
@@ -47,11 +48,8 @@ def status() -> None:
         if trace:
             typer.echo("    " + trace.splitlines()[0][:300])
     if os.environ.get("OUTBOX_DATABASE_URL"):
-        lag = _slot_lag(settings.slot_name)
-        typer.echo(
-            f"slot {settings.slot_name}: "
-            + ("missing" if lag is None else f"{lag[0]}, retained WAL {lag[1]:,} bytes")
-        )
+        for line in _slot_report(settings.slot_name):
+            typer.echo(line)
     if not state.running:
         raise typer.Exit(1)
 
@@ -68,7 +66,8 @@ def restart() -> None:
     typer.echo(f"connector {settings.name}: {state.connector}")
 
 
-def _slot_lag(slot: str) -> tuple[str, int] | None:
+def _slot_report(slot: str) -> list[str]:
+    """The slot's state and lag, and what bounds the WAL it keeps (with a recommendation)."""
     from sqlalchemy import create_engine, text
 
     from outbox.settings import DatabaseSettings
@@ -79,11 +78,31 @@ def _slot_lag(slot: str) -> tuple[str, int] | None:
             row = connection.execute(
                 text(
                     "SELECT CASE WHEN active THEN 'active' ELSE 'inactive' END, "
-                    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
+                    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
+                    "coalesce(wal_status, 'unknown') "
                     "FROM pg_replication_slots WHERE slot_name = :slot"
                 ),
                 {"slot": slot},
             ).first()
+            keep = str(connection.execute(text("SHOW max_slot_wal_keep_size")).scalar_one())
     finally:
         engine.dispose()
-    return None if row is None else (str(row[0]), int(row[1]))
+    lines = [
+        f"slot {slot}: missing"
+        if row is None
+        else f"slot {slot}: {row[0]}, retained WAL {int(row[1] or 0):,} bytes, wal_status {row[2]}"
+    ]
+    if keep in {"-1", "-1kB", "-1MB"}:
+        lines.append(
+            "max_slot_wal_keep_size: unlimited. A stopped connector keeps WAL until the disk "
+            "is full and PostgreSQL stops. Recommended: a bound the disk can hold, e.g. "
+            "ALTER SYSTEM SET max_slot_wal_keep_size = '10GB'; SELECT pg_reload_conf(); "
+            "past it the slot is invalidated (wal_status 'lost'): recreate the connector, "
+            "and run the relay in auto mode so that no event waits meanwhile"
+        )
+    else:
+        lines.append(
+            f"max_slot_wal_keep_size: {keep} (past it the slot is invalidated: "
+            "recreate the connector; the relay in auto mode publishes meanwhile)"
+        )
+    return lines

@@ -164,3 +164,27 @@ def relay_role(
     with _database(database_url) as (connection, settings):
         migrations.create_relay_role(connection, role, password, settings=settings)
     typer.echo(f"relay role {role}: LOGIN, read/delete on {settings.tables.qualified_outbox}")
+
+
+@app.command()
+def expire(
+    dead_letters_days: float = typer.Option(
+        30, "--dead-letters-days", min=0.01, help="Delete dead letters older than this."
+    ),
+    database_url: str | None = DATABASE_URL_OPTION,
+) -> None:
+    """Delete expired rows: dedup keys (OUTBOX_DEDUP_WINDOW), inbox claims
+    (OUTBOX_INBOX_RETENTION), dead letters (--dead-letters-days), heartbeat rows (1 hour).
+
+    Run it on a schedule (hourly, say) as the owner of the outbox objects.
+    """
+    from datetime import timedelta
+
+    from migrations.retention import expire as expire_rows
+
+    with _database(database_url) as (connection, settings):
+        deleted = expire_rows(
+            connection, settings=settings, dead_letters=timedelta(days=dead_letters_days)
+        )
+    for table, count in deleted.items():
+        typer.echo(f"{table}: {count} expired row(s) deleted")

@@ -60,7 +60,8 @@ def run(
         server = HealthServer(settings.http_host, settings.http_port, relay.liveness, relay.metrics)
         server.start()
     try:
-        relay.run(stop)
+        with friendly_errors():  # a start-up check that fails: its message, exit 2
+            relay.run(stop)
     finally:
         if server is not None:
             server.stop()
@@ -83,10 +84,12 @@ def health(
     url = f"http://127.0.0.1:{settings.http_port}{path}"
     try:
         with urllib.request.urlopen(url, timeout=3) as answer:
-            ok = answer.status == 200
+            ok, body = answer.status == 200, answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        ok, body = False, error.read().decode(errors="replace")
     except (urllib.error.URLError, OSError):
-        ok = False
-    typer.echo("ok" if ok else "not ok")
+        ok, body = False, "not ok: no answer"
+    typer.echo(body.strip())  # "ok: leader: publishing (polling mode)" and the like
     raise typer.Exit(0 if ok else 1)
 
 

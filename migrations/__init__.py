@@ -101,31 +101,45 @@ def grant_publisher(
 def _ensure_login_role(
     connection: Connection, role: str, password: str, *, replication: bool, variable: str
 ) -> None:
-    """Create ``role`` (or reset its password): LOGIN, and REPLICATION when asked."""
+    """Create ``role`` (or reset its password): LOGIN, and REPLICATION when asked.
+
+    The password never reaches the server: the client computes its SCRAM-SHA-256 verifier
+    (libpq's ``PQencryptPasswordConn``) and sends that, so no statement log, failed
+    statement or ``pg_stat_activity`` can show the password itself.
+    """
+    from psycopg import sql
+
     if not password:
         raise ConfigurationError(f"the role {role} needs a password: set {variable}")
+    raw = _psycopg_connection(connection)
+    verifier = raw.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256")
     exists = connection.execute(
         text("SELECT 1 FROM pg_roles WHERE rolname = :role"), {"role": role}
     ).first()
-    verb = "ALTER" if exists else "CREATE"
-    options = "LOGIN REPLICATION" if replication else "LOGIN NOREPLICATION"
-    # Utility statements take no bind parameters: the server quotes the password (%L).
-    statement = connection.execute(
-        text(
-            f"SELECT format('{verb} ROLE %I WITH {options} PASSWORD %L', "
-            "CAST(:role AS text), CAST(:pw AS text))"
-        ),
-        {"role": role, "pw": password},
-    ).scalar_one()
-    connection.execute(text(statement))
-    connect = connection.execute(
-        text(
-            "SELECT format('GRANT CONNECT ON DATABASE %I TO %I', current_database(), "
-            "CAST(:role AS text))"
-        ),
-        {"role": role},
-    ).scalar_one()
-    connection.execute(text(connect))
+    statement = sql.SQL("{verb} ROLE {role} WITH {options} PASSWORD {verifier}").format(
+        verb=sql.SQL("ALTER" if exists else "CREATE"),
+        role=sql.Identifier(role),
+        options=sql.SQL("LOGIN REPLICATION" if replication else "LOGIN NOREPLICATION"),
+        verifier=sql.Literal(verifier.decode("ascii")),
+    )
+    raw.execute(statement)  # the same connection, inside the caller's transaction
+    raw.execute(
+        sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+            sql.Identifier(str(raw.info.dbname)), sql.Identifier(role)
+        )
+    )
+
+
+def _psycopg_connection(connection: Connection) -> Any:
+    """The psycopg 3 connection under a SQLAlchemy ``Connection`` (roles need its libpq)."""
+    import psycopg
+
+    raw = connection.connection.dbapi_connection
+    if not isinstance(raw, psycopg.Connection):
+        raise ConfigurationError(
+            "creating a role needs the psycopg 3 driver: use a postgresql+psycopg:// URL"
+        )
+    return raw
 
 
 def create_cdc_role(

@@ -67,6 +67,8 @@ class Backlog:
     rows: int
     oldest_age_seconds: float
     dead_letters: int
+    table_rows: dict[str, int]
+    """PostgreSQL's estimate of each growing table's rows, by table name."""
 
 
 class RelayDatabase:
@@ -160,17 +162,21 @@ class RelayDatabase:
         self.connection.execute(self.statements.release_lease, (self.holder,))
         self._lease_deadline = 0.0
 
-    def horizon_bounds(self) -> tuple[int, int, int]:
-        """(last position drawn, an xid assigned after, oldest running xid after that).
+    def last_position(self) -> int:
+        row = self.connection.execute(self.statements.last_position).fetchone()
+        assert row is not None
+        return int(row[0])
 
-        Three statements, three transactions, in this order (see relay/horizon.py).
-        """
-        connection = self.connection
-        last = connection.execute(self.statements.last_position).fetchone()
-        xid = connection.execute(self.statements.new_xid).fetchone()
-        xmin = connection.execute(self.statements.oldest_running_xid).fetchone()
-        assert last is not None and xid is not None and xmin is not None
-        return int(last[0]), int(xid[0]), int(xmin[0])
+    def new_xid(self) -> int:
+        """A freshly assigned xid (it costs one transaction id: only when positions moved)."""
+        row = self.connection.execute(self.statements.new_xid).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def oldest_running_xid(self) -> int:
+        row = self.connection.execute(self.statements.oldest_running_xid).fetchone()
+        assert row is not None
+        return int(row[0])
 
     def read(
         self, floor: int, limit: int, excluding: Sequence[tuple[str, bytes]] = ()
@@ -228,6 +234,10 @@ class RelayDatabase:
         connection = self.connection
         rows, age = connection.execute(self.statements.backlog).fetchone() or (0, 0.0)
         dead = connection.execute(self.statements.dead_letter_count).fetchone()
+        estimates = connection.execute(self.statements.table_rows).fetchall()
         return Backlog(
-            rows=int(rows), oldest_age_seconds=float(age), dead_letters=int(dead[0]) if dead else 0
+            rows=int(rows),
+            oldest_age_seconds=float(age),
+            dead_letters=int(dead[0]) if dead else 0,
+            table_rows={str(name): int(count) for name, count in estimates},
         )

@@ -60,6 +60,19 @@ class Horizon:
             position, _ = self._marks.popleft()
             self._final = max(self._final, position)
 
+    def settle(self, xmin: int) -> None:
+        """Like :meth:`observe` without a new mark: the sequence did not move since the last
+        one, so no new xid is needed (an idle relay consumes no transaction ids)."""
+        while self._marks and self._marks[0][1] <= xmin:
+            position, _ = self._marks.popleft()
+            self._final = max(self._final, position)
+
+    @property
+    def observed(self) -> int:
+        """The highest last position recorded (a mark, or final): a lower or equal one needs
+        no new mark."""
+        return self._marks[-1][0] if self._marks else self._final
+
     @property
     def final(self) -> int:
         """Every position up to here belongs to a transaction that has ended."""

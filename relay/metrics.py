@@ -91,6 +91,13 @@ class RelayMetrics:
             "Aggregates waiting after such a failure (their rows stay in the outbox).",
             registry=r,
         )
+        self.table_rows = Gauge(
+            "outbox_table_rows_estimate",
+            "PostgreSQL's row estimate (pg_class.reltuples) of each table that grows: outbox, "
+            "dead letters, dedup keys, inbox claims and dead letters, heartbeat.",
+            ["table"],
+            registry=r,
+        )
         self.errors = Counter(
             "outbox_relay_errors", "Failures, by kind (database, broker).", ["kind"], registry=r
         )

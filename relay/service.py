@@ -31,6 +31,7 @@ from kafka.errors import KafkaError
 
 from outbox.core.tables import OutboxTables
 from relay.cdc_watch import CdcWatch
+from relay.checks import check_database
 from relay.database import LeaseLost, OutboxRow, RelayDatabase
 from relay.handover import Handover
 from relay.health import Liveness
@@ -84,6 +85,8 @@ class Relay:
         self.liveness = liveness or Liveness(settings.delivery_timeout_seconds + 30)
         self._bootstrap = bootstrap_servers
         self._database = RelayDatabase(database_url, tables, settings.lease_seconds)
+        self._tables = tables
+        self._checked = False
         self._horizon = Horizon()
         self._handover = Handover(settings.grace_seconds)
         self._parking = Parking(settings.retry_backoff_seconds, settings.max_backoff_seconds)
@@ -124,6 +127,9 @@ class Relay:
     def _lead_and_work(self, stop: threading.Event) -> None:
         self.liveness.state = "connecting to the database"
         self._database.connect()
+        if not self._checked:  # once: a broken assumption stops the relay (not retried)
+            check_database(self._database.connection, self._tables, self.settings.mode)
+            self._checked = True
         self.liveness.ready = True
         while not self._database.try_lead():
             self.liveness.state = "standby: another replica leads"
@@ -273,8 +279,15 @@ class Relay:
         return len(rows) >= limit
 
     def _observe_horizon(self) -> None:
-        last, xid_bound, xmin = self._database.horizon_bounds()
-        self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
+        """Three statements, three transactions, in this order (see relay/horizon.py); the
+        xid only when the sequence moved, so an idle relay consumes no transaction ids."""
+        last = self._database.last_position()
+        if last > self._horizon.observed:
+            xid_bound = self._database.new_xid()
+            xmin = self._database.oldest_running_xid()
+            self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
+        elif self._horizon.observed > self._horizon.final:
+            self._horizon.settle(self._database.oldest_running_xid())
 
     def _publish(self, rows: list[OutboxRow]) -> BatchOutcome:
         """Send ``rows`` and wait for the broker; a batch not acknowledged raises (retried).
@@ -378,3 +391,5 @@ class Relay:
         self.metrics.undelivered.set(backlog.rows)
         self.metrics.oldest_age.set(backlog.oldest_age_seconds)
         self.metrics.dead_letters.set(backlog.dead_letters)
+        for table, rows in backlog.table_rows.items():
+            self.metrics.table_rows.labels(table).set(rows)

@@ -136,11 +136,38 @@ class RelayStatements:
 
     @property
     def backlog(self) -> str:
-        """Undelivered rows, and the age in seconds of the oldest (its creation time)."""
+        """Undelivered rows, and the age in seconds of the oldest.
+
+        The oldest is the lowest position (the position index: no scan of ``created_at``, which
+        has no index); positions follow insertion, so it is the oldest row but for rows of
+        transactions that committed late.
+        """
         return (
-            "SELECT count(*), "
-            "coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 "
-            f"FROM {self.tables.qualified_outbox}"
+            f"SELECT (SELECT count(*) FROM {self.tables.qualified_outbox}), "
+            "coalesce(extract(epoch FROM clock_timestamp() - "
+            f"(SELECT created_at FROM {self.tables.qualified_outbox} "
+            "ORDER BY position LIMIT 1)), 0)::float8"
+        )
+
+    @property
+    def table_rows(self) -> str:
+        """PostgreSQL's row estimates (``pg_class.reltuples``, kept by ANALYZE and autovacuum)
+        of every table that grows: readable by any role, cheap, no scan."""
+        names = ", ".join(
+            f"'{name}'"
+            for name in (
+                self.tables.outbox,
+                self.tables.dead_letter,
+                self.tables.dedup,
+                self.tables.inbox,
+                self.tables.inbox_dead_letter,
+                self.tables.heartbeat,
+            )
+        )
+        return (
+            "SELECT c.relname, greatest(c.reltuples, 0)::bigint FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            f"WHERE n.nspname = '{self.tables.schema}' AND c.relname IN ({names})"
         )
 
     @property

@@ -11,9 +11,10 @@
   *collision key* (Kafka treats ``.`` and ``_`` alike in topic names: ``order.line`` and
   ``order_line`` collide). A new aggregate type whose key is taken is refused by a trigger,
   in the publishing transaction, with a message that names the other type. The trigger
-  looks the type up (one index probe per row) and inserts only for a new type.
-- Indexes on ``failed_at`` and ``beat``: expiry of old dead letters and heartbeat rows
-  (``outbox db expire``) without reading the whole table.
+  looks the type up (one index probe per row) and inserts only for a new type, never
+  waiting on another transaction that registers the same name (it lets the row through).
+- Indexes on the dead letters' ``failed_at`` and the heartbeat's ``beat``: expiry of old
+  rows (``outbox db expire``, migrations/retention.py) without reading the whole table.
 
 Revision ID: outbox_0005
 Revises: outbox_0003
@@ -21,6 +22,8 @@ Create Date: 2026-11-23
 """
 
 from __future__ import annotations
+
+import zlib
 
 from alembic import op
 
@@ -35,6 +38,12 @@ depends_on = None
 AGGREGATE_TYPE_PATTERN = "^[A-Za-z0-9._-]{1,200}$"
 
 
+def _registry_lock_class() -> int:
+    """The first key of the registry's advisory locks: apart from the ordering trigger's."""
+    tables = outbox_tables()
+    return zlib.crc32(f"{tables.schema}.{tables.outbox}:topics".encode()) - 2**31
+
+
 def _names() -> dict[str, str]:
     tables = outbox_tables()
     return {
@@ -46,6 +55,8 @@ def _names() -> dict[str, str]:
         "constraint": f'"{tables.outbox}_aggregatetype_check"',
         "dead_letter": tables.qualified_dead_letter,
         "dead_letter_index": f'"{tables.dead_letter}_failed_at_idx"',
+        "inbox_dead_letter": tables.qualified_inbox_dead_letter,
+        "inbox_dead_letter_index": f'"{tables.inbox_dead_letter}_failed_at_idx"',
         "heartbeat": tables.qualified_heartbeat,
         "heartbeat_index": f'"{tables.heartbeat}_beat_idx"',
     }
@@ -95,12 +106,21 @@ def upgrade() -> None:
             IF FOUND THEN
                 RETURN NEW;
             END IF;
+            -- A new type. If another open transaction registers the same key right now, do
+            -- not wait for it (a long transaction would stall every writer of the type):
+            -- let the row through; the type is registered by one of them.
+            IF NOT pg_try_advisory_xact_lock(
+                {_registry_lock_class()}, hashtext(translate(NEW.aggregatetype, '.', '_'))
+            ) THEN
+                RETURN NEW;
+            END IF;
             INSERT INTO {n["topic"]} VALUES
                 (NEW.aggregatetype, translate(NEW.aggregatetype, '.', '_'))
                 ON CONFLICT DO NOTHING;
             SELECT aggregatetype INTO other FROM {n["topic"]}
                 WHERE collision_key = translate(NEW.aggregatetype, '.', '_');
-            IF other IS DISTINCT FROM NEW.aggregatetype THEN
+            -- (NULL: registered by a transaction this snapshot cannot see: let it through)
+            IF other IS NOT NULL AND other <> NEW.aggregatetype THEN
                 RAISE EXCEPTION 'aggregate type % collides with aggregate type %',
                     NEW.aggregatetype, other
                     USING ERRCODE = 'check_violation',
@@ -119,12 +139,17 @@ def upgrade() -> None:
     )
     op.execute(f"CREATE INDEX {n['dead_letter_index']} ON {n['dead_letter']} (failed_at)")
     op.execute(f"CREATE INDEX {n['heartbeat_index']} ON {n['heartbeat']} (beat)")
+    op.execute(
+        f"CREATE INDEX {n['inbox_dead_letter_index']} ON {n['inbox_dead_letter']} (failed_at)"
+    )
 
 
 def downgrade() -> None:
     n = _names()
-    op.execute(f"DROP INDEX IF EXISTS {outbox_tables().quoted_schema}.{n['heartbeat_index']}")
-    op.execute(f"DROP INDEX IF EXISTS {outbox_tables().quoted_schema}.{n['dead_letter_index']}")
+    schema = outbox_tables().quoted_schema
+    op.execute(f"DROP INDEX IF EXISTS {schema}.{n['inbox_dead_letter_index']}")
+    op.execute(f"DROP INDEX IF EXISTS {schema}.{n['heartbeat_index']}")
+    op.execute(f"DROP INDEX IF EXISTS {schema}.{n['dead_letter_index']}")
     op.execute(f"DROP TRIGGER IF EXISTS {n['trigger']} ON {n['outbox']}")
     op.execute(f"DROP FUNCTION IF EXISTS {n['function']}()")
     op.execute(f"DROP TABLE IF EXISTS {n['topic']}")

@@ -1,0 +1,61 @@
+"""Retention: delete what the outbox's tables keep beyond its use, in one transaction.
+
+Run it on a schedule (``outbox db expire``, e.g. hourly) as the owner of the outbox objects:
+
+- dedup keys older than ``OUTBOX_DEDUP_WINDOW`` (24 h): a key past its window no longer
+  deduplicates anything;
+- inbox claims older than ``OUTBOX_INBOX_RETENTION`` (7 days): keep it longer than any
+  redelivery can take (a record redelivered after its claim is gone is applied again);
+- relay dead letters and consumers' dead letters older than ``dead_letters`` (30 days by
+  default): look at them before (``outbox relay dead-letters list``): once expired they
+  are gone;
+- heartbeat rows older than an hour (the connector's heartbeat query deletes them as well;
+  this covers a connector that was removed).
+
+Delivered outbox rows are deleted by the relay (``polling``, ``auto``, or ``cleanup`` mode
+beside CDC). Each deletion uses an index on its time column. The relay's
+``outbox_table_rows_estimate{table}`` metric shows each table's size.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from outbox.settings import OutboxSettings
+
+__all__ = ["DEFAULT_DEAD_LETTER_RETENTION", "HEARTBEAT_RETENTION", "expire"]
+
+DEFAULT_DEAD_LETTER_RETENTION = timedelta(days=30)
+HEARTBEAT_RETENTION = timedelta(hours=1)
+
+
+def expire(
+    connection: Connection,
+    *,
+    settings: OutboxSettings | None = None,
+    dead_letters: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+) -> dict[str, int]:
+    """Delete expired rows; returns how many per table (the caller commits)."""
+    settings = settings if settings is not None else OutboxSettings()
+    tables = settings.tables
+    plan = (
+        (tables.dedup, tables.qualified_dedup, "created_at", settings.dedup_window),
+        (tables.inbox, tables.qualified_inbox, "received_at", settings.inbox_retention),
+        (tables.dead_letter, tables.qualified_dead_letter, "failed_at", dead_letters),
+        (tables.inbox_dead_letter, tables.qualified_inbox_dead_letter, "failed_at", dead_letters),
+        (tables.heartbeat, tables.qualified_heartbeat, "beat", HEARTBEAT_RETENTION),
+    )
+    deleted: dict[str, int] = {}
+    for name, qualified, column, older_than in plan:
+        result = connection.execute(
+            text(
+                f"DELETE FROM {qualified} WHERE {column} < clock_timestamp() - "
+                "make_interval(secs => :seconds)"
+            ),
+            {"seconds": older_than.total_seconds()},
+        )
+        deleted[name] = int(result.rowcount)
+    return deleted
