@@ -27,6 +27,14 @@ DATABASE_URL_OPTION = typer.Option(
 )
 
 
+CONSUMER_NAME_OPTION = typer.Option(
+    None,
+    "--consumer-name",
+    help="With --consumer: an inbox consumer name this role may use (repeat for several); "
+    "default: the role's name. Other roles cannot read, delete or claim its messages.",
+)
+
+
 @contextmanager
 def _database(database_url: str | None) -> Iterator[tuple[Connection, OutboxSettings]]:
     """One connection in one transaction (committed on success), and the outbox settings."""
@@ -89,6 +97,7 @@ def grant(
     publisher: bool = typer.Option(False, "--publisher", help="Allow it to publish events."),
     consumer: bool = typer.Option(False, "--consumer", help="Allow it to claim inbox messages."),
     relay: bool = typer.Option(False, "--relay", help="Allow it to run the polling relay."),
+    consumer_names: list[str] | None = CONSUMER_NAME_OPTION,
     database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """Grant ROLE the least privileges to publish events, consume them idempotently, or relay."""
@@ -98,15 +107,18 @@ def grant(
     if not any(chosen.values()):
         typer.secho("choose --publisher, --consumer, --relay or several", err=True, fg="red")
         raise typer.Exit(2)
-    grants = {
-        "publisher": migrations.grant_publisher,
-        "consumer": migrations.grant_consumer,
-        "relay": migrations.grant_relay,
-    }
+    if consumer_names and not consumer:
+        typer.secho("--consumer-name goes with --consumer", err=True, fg="red")
+        raise typer.Exit(2)
     with _database(database_url) as (connection, settings):
-        for name, wanted in chosen.items():
-            if wanted:
-                grants[name](connection, role, settings=settings)
+        if publisher:
+            migrations.grant_publisher(connection, role, settings=settings)
+        if consumer:
+            migrations.grant_consumer(
+                connection, role, consumers=consumer_names or (), settings=settings
+            )
+        if relay:
+            migrations.grant_relay(connection, role, settings=settings)
     granted = " and ".join(name for name, wanted in chosen.items() if wanted)
     typer.echo(f"granted {granted} privileges to {role}")
 

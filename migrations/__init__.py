@@ -14,7 +14,7 @@ names come from :class:`outbox.OutboxSettings` (``OUTBOX_*`` variables).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,10 +180,20 @@ def create_relay_role(
 
 
 def grant_consumer(
-    connection: Connection, role: str, *, settings: OutboxSettings | None = None
+    connection: Connection,
+    role: str,
+    *,
+    consumers: Sequence[str] = (),
+    settings: OutboxSettings | None = None,
 ) -> None:
     """Grant ``role`` what an idempotent consumer needs: inbox claims, the side-effect
-    ledger, and their cleanup."""
+    ledger, and their cleanup, for the consumer names ``consumers`` only (default: the
+    role's own name).
+
+    Row-level security keeps each role to the inbox rows of its consumer names: it cannot
+    read, delete or pre-claim another service's messages. A name registered for another
+    role is refused (one owner per consumer name).
+    """
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
     _execute(
@@ -193,7 +203,22 @@ def grant_consumer(
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_inbox_dead_letter} TO {grantee}",
         # The side-effect ledger: steps are recorded, marked, and deleted once done and old.
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables.qualified_effect} TO {grantee}",
+        f"GRANT SELECT ON {tables.qualified_inbox_consumer} TO {grantee}",
     )
+    for consumer in consumers or [role]:
+        owner = connection.execute(
+            text(
+                f"INSERT INTO {tables.qualified_inbox_consumer} AS c (consumer, role) "
+                "VALUES (:consumer, :role) ON CONFLICT (consumer) DO UPDATE "
+                "SET role = c.role RETURNING role"
+            ),
+            {"consumer": consumer, "role": role},
+        ).scalar_one()
+        if owner != role:
+            raise ConfigurationError(
+                f"consumer name {consumer!r} belongs to role {owner}: choose another name "
+                "with --consumer-name, or revoke it from that role first"
+            )
 
 
 def grant_relay(

@@ -13,6 +13,12 @@
   in the publishing transaction, with a message that names the other type. The trigger
   looks the type up (one index probe per row) and inserts only for a new type, never
   waiting on another transaction that registers the same name (it lets the row through).
+- Row-level security, so that one service cannot touch another's rows:
+  dedup keys belong to the role that wrote them (``owner``, default ``current_user``; keys
+  written before this revision have ``owner = ''`` and stay shared); inbox claims and
+  consumer dead letters belong to the roles a consumer name is registered for, in
+  ``<inbox>_consumer`` (``outbox db grant ROLE --consumer --consumer-name NAME``). The owner
+  of the tables (who runs the migrations) is not subject to the policies.
 - Indexes on the dead letters' ``failed_at`` and the heartbeat's ``beat``: expiry of old
   rows (``outbox db expire``, migrations/retention.py) without reading the whole table.
 
@@ -137,6 +143,7 @@ def upgrade() -> None:
         f"CREATE TRIGGER {n['trigger']} BEFORE INSERT ON {n['outbox']} "
         f"FOR EACH ROW EXECUTE FUNCTION {n['function']}()"
     )
+    _row_level_security()
     op.execute(f"CREATE INDEX {n['dead_letter_index']} ON {n['dead_letter']} (failed_at)")
     op.execute(f"CREATE INDEX {n['heartbeat_index']} ON {n['heartbeat']} (beat)")
     op.execute(
@@ -144,8 +151,47 @@ def upgrade() -> None:
     )
 
 
+def _row_level_security() -> None:
+    tables = outbox_tables()
+    dedup, registry = tables.qualified_dedup, tables.qualified_inbox_consumer
+    op.execute(f"ALTER TABLE {dedup} ADD COLUMN owner text NOT NULL DEFAULT ''")
+    op.execute(f"ALTER TABLE {dedup} ALTER COLUMN owner SET DEFAULT current_user")
+    op.execute(f"ALTER TABLE {dedup} ENABLE ROW LEVEL SECURITY")
+    op.execute(
+        f'CREATE POLICY "{tables.dedup}_own_keys" ON {dedup} '
+        "USING (owner IN (current_user, '')) WITH CHECK (owner IN (current_user, ''))"
+    )
+    op.execute(f"CREATE TABLE {registry} (consumer text PRIMARY KEY, role text NOT NULL)")
+    op.execute(f"ALTER TABLE {registry} ENABLE ROW LEVEL SECURITY")
+    op.execute(
+        f'CREATE POLICY "{tables.inbox_consumer}_own" ON {registry} USING (role = current_user)'
+    )
+    mine = f"consumer IN (SELECT r.consumer FROM {registry} r WHERE r.role = current_user)"
+    for table, name in (
+        (tables.qualified_inbox, tables.inbox),
+        (tables.qualified_inbox_dead_letter, tables.inbox_dead_letter),
+    ):
+        op.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+        op.execute(f'CREATE POLICY "{name}_own_consumers" ON {table} USING ({mine})')
+
+
+def _drop_row_level_security() -> None:
+    tables = outbox_tables()
+    for table, name in (
+        (tables.qualified_inbox_dead_letter, tables.inbox_dead_letter),
+        (tables.qualified_inbox, tables.inbox),
+    ):
+        op.execute(f'DROP POLICY IF EXISTS "{name}_own_consumers" ON {table}')
+        op.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
+    op.execute(f"DROP TABLE IF EXISTS {tables.qualified_inbox_consumer}")
+    op.execute(f'DROP POLICY IF EXISTS "{tables.dedup}_own_keys" ON {tables.qualified_dedup}')
+    op.execute(f"ALTER TABLE {tables.qualified_dedup} DISABLE ROW LEVEL SECURITY")
+    op.execute(f"ALTER TABLE {tables.qualified_dedup} DROP COLUMN IF EXISTS owner")
+
+
 def downgrade() -> None:
     n = _names()
+    _drop_row_level_security()
     schema = outbox_tables().quoted_schema
     op.execute(f"DROP INDEX IF EXISTS {schema}.{n['inbox_dead_letter_index']}")
     op.execute(f"DROP INDEX IF EXISTS {schema}.{n['heartbeat_index']}")

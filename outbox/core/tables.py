@@ -27,7 +27,12 @@ class OutboxTables:
         validate_identifier(self.publication, field="publication")
         validate_identifier(self.position_sequence, field="outbox table (sequence name)")
         validate_identifier(self.position_function, field="outbox table (function name)")
-        for derived in (self.relay_lease, self.topic_registry, self.topic_check_function):
+        for derived in (
+            self.relay_lease,
+            self.topic_registry,
+            self.topic_check_function,
+            self.inbox_consumer,
+        ):
             validate_identifier(derived, field=f"outbox table (name {derived!r} derived from it)")
 
     @property
@@ -97,6 +102,15 @@ class OutboxTables:
     @property
     def qualified_topic_check_function(self) -> str:
         return qualified_name(self.schema, self.topic_check_function, field="function")
+
+    @property
+    def inbox_consumer(self) -> str:
+        """Which role may use which consumer name in the inbox (row-level security)."""
+        return f"{self.inbox}_consumer"
+
+    @property
+    def qualified_inbox_consumer(self) -> str:
+        return qualified_name(self.schema, self.inbox_consumer, field="inbox table (consumers)")
 
     @property
     def inbox_dead_letter(self) -> str:

@@ -1,4 +1,6 @@
-"""Application roles with only the granted privileges can publish and claim, and no more."""
+"""Each role can do what it is granted and no more: publisher, consumer, CDC (the relay's
+role: tests/integration/test_relay.py). Row-level security keeps one service's dedup keys
+and inbox rows from every other service's role."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ def publisher(database: ScratchDatabase) -> Iterator[tuple[str, str]]:
 
 def drop_role(database: ScratchDatabase, name: str) -> None:
     with database.connect(autocommit=True) as admin:
+        admin.execute("DELETE FROM outbox.outbox_inbox_consumer WHERE role = %s", (name,))
         identifier = psycopg.sql.Identifier(name)
         admin.execute(psycopg.sql.SQL("DROP OWNED BY {}").format(identifier))
         admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(identifier))
@@ -85,7 +88,7 @@ def test_a_consumer_role_claims_and_cleans_up(database: ScratchDatabase) -> None
     engine = sa.create_engine(database.url)
     try:
         with engine.begin() as connection:
-            migrations.grant_consumer(connection, name)
+            migrations.grant_consumer(connection, name, consumers=["ledger"])
     finally:
         engine.dispose()
     try:
@@ -124,3 +127,119 @@ def test_a_role_name_that_is_not_a_plain_identifier_is_refused(database: Scratch
     )
     assert result.returncode == 2
     assert "role" in result.stderr and "plain SQL identifier" in result.stderr
+
+
+def granted_role(database: ScratchDatabase, prefix: str, *options: str) -> tuple[str, str]:
+    role = make_role(database, prefix)
+    result = run_outbox(
+        "db", "grant", role[0], *options, env={"OUTBOX_DATABASE_URL": database.url}, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return role
+
+
+def test_a_publisher_cannot_touch_another_services_dedup_keys(database: ScratchDatabase) -> None:
+    """Dedup keys are scoped to the role that wrote them (row-level security): another
+    publisher cannot read, delete, expire or take them over."""
+    orders = granted_role(database, "orders", "--publisher")
+    billing = granted_role(database, "billing", "--publisher")
+    key = f"pay-{uuid.uuid4()}"
+    try:
+        with connect_as(database, *orders) as connection, connection.transaction():
+            first = Outbox().publish(connection, Event("order", "1", "Paid", {}, dedup_key=key))
+        with connect_as(database, *billing) as connection:
+            assert connection.execute(
+                "SELECT count(*) FROM outbox.outbox_dedup WHERE dedup_key = %s", (key,)
+            ).fetchone() == (0,)
+            deleted = connection.execute(
+                "DELETE FROM outbox.outbox_dedup WHERE dedup_key = %s", (key,)
+            ).rowcount
+            updated = connection.execute(
+                "UPDATE outbox.outbox_dedup SET created_at = '-infinity' WHERE dedup_key = %s",
+                (key,),
+            ).rowcount
+            assert (deleted, updated) == (0, 0)
+            connection.commit()
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                with connection.transaction():  # the same key: refused, not a silent no-op
+                    Outbox().publish(connection, Event("invoice", "1", "Sent", {}, dedup_key=key))
+        with connect_as(database, *orders) as connection, connection.transaction():
+            again = Outbox().publish(connection, Event("order", "1", "Paid", {}, dedup_key=key))
+        assert again.duplicate and again.event_id == first.event_id
+    finally:
+        drop_role(database, orders[0])
+        drop_role(database, billing[0])
+
+
+def test_a_consumer_cannot_read_delete_or_preclaim_another_services_inbox(
+    database: ScratchDatabase,
+) -> None:
+    shipping = granted_role(database, "shipping", "--consumer", "--consumer-name", "shipping-x")
+    billing = granted_role(database, "billing", "--consumer", "--consumer-name", "billing-x")
+    message = f"m-{uuid.uuid4()}"
+    try:
+        with connect_as(database, *billing) as connection:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                with connection.transaction():  # pre-claiming shipping's next message
+                    Inbox().claim(connection, message, consumer="shipping-x")
+            with connection.transaction():
+                assert Inbox().claim(connection, message, consumer="billing-x") is True
+        with connect_as(database, *shipping) as connection:
+            with connection.transaction():
+                assert Inbox().claim(connection, message, consumer="shipping-x") is True
+            assert connection.execute(
+                "SELECT consumer FROM outbox.outbox_inbox WHERE message_id = %s", (message,)
+            ).fetchall() == [("shipping-x",)]
+            assert (
+                connection.execute(
+                    "DELETE FROM outbox.outbox_inbox WHERE message_id = %s", (message,)
+                ).rowcount
+                == 1
+            )  # its own claim only
+            connection.rollback()
+        taken = run_outbox(
+            "db",
+            "grant",
+            billing[0],
+            "--consumer",
+            "--consumer-name",
+            "shipping-x",
+            env={"OUTBOX_DATABASE_URL": database.url},
+            timeout=60,
+        )
+        assert taken.returncode == 2 and "belongs to role" in taken.stderr
+    finally:
+        drop_role(database, shipping[0])
+        drop_role(database, billing[0])
+
+
+def test_the_cdc_role_reads_the_outbox_and_nothing_else(database: ScratchDatabase) -> None:
+    import migrations
+
+    name, password = f"cdc_{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(12)
+    engine = sa.create_engine(database.url)
+    try:
+        with engine.begin() as connection:
+            migrations.create_cdc_role(connection, name, password)
+    finally:
+        engine.dispose()
+    try:
+        with connect_as(database, name, password) as connection:
+            connection.execute("SELECT count(*) FROM outbox.outbox").fetchone()
+            connection.execute("INSERT INTO outbox.outbox_heartbeat DEFAULT VALUES")
+            connection.commit()
+            for forbidden in (
+                "INSERT INTO outbox.outbox (id) VALUES (gen_random_uuid())",
+                "DELETE FROM outbox.outbox",
+                "SELECT * FROM outbox.outbox_dedup",
+                "SELECT * FROM outbox.outbox_inbox",
+                "SELECT * FROM outbox.outbox_dead_letter",
+                "SELECT * FROM outbox.outbox_relay_lease",
+                "CREATE TABLE outbox.sneaky (x int)",
+                "CREATE PUBLICATION sneaky FOR ALL TABLES",
+            ):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    connection.execute(forbidden)
+                connection.rollback()
+    finally:
+        drop_role(database, name)
