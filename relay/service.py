@@ -37,8 +37,8 @@ from relay.handover import Handover
 from relay.health import Liveness
 from relay.horizon import Horizon
 from relay.metrics import RelayMetrics
-from relay.parking import Parking
-from relay.producer import BatchOutcome, ContractProducer
+from relay.producer import BatchOutcome
+from relay.sender import BatchNotAcknowledged, Sender
 from relay.settings import RelayMode, RelaySettings
 
 __all__ = ["Relay"]
@@ -46,10 +46,6 @@ __all__ = ["Relay"]
 log = logging.getLogger("outbox.relay")
 
 _BACKLOG_EVERY_SECONDS = 2.0
-
-
-class _BatchNotAcknowledged(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -89,8 +85,13 @@ class Relay:
         self._checked = False
         self._horizon = Horizon()
         self._handover = Handover(settings.grace_seconds)
-        self._parking = Parking(settings.retry_backoff_seconds, settings.max_backoff_seconds)
-        self._producer: ContractProducer | None = None
+        self._sender = Sender(
+            bootstrap_servers,
+            settings,
+            metrics=self.metrics,
+            horizon=self._horizon,
+            check_lease=self._database.check_lease,
+        )
         self._watch: CdcWatch | None = None
         self._backoff = settings.retry_backoff_seconds
         self._backlog_due = 0.0
@@ -114,7 +115,7 @@ class Relay:
                     stop.wait(self.settings.leader_retry_seconds)
                 except psycopg.Error as error:
                     self._fault("database", error, stop)
-                except (KafkaError, _BatchNotAcknowledged) as error:
+                except (KafkaError, BatchNotAcknowledged) as error:
                     self._fault("broker", error, stop)
         finally:
             if self._leading:
@@ -140,7 +141,7 @@ class Relay:
         self._leading = True
         self.metrics.leader.set(1)
         self._horizon.reset()
-        self._parking.clear()
+        self._sender.reset()
         if self.settings.mode is RelayMode.POLLING:
             self.liveness.state = "leader: publishing (polling mode)"
             self.metrics.publishing.set(1)
@@ -172,7 +173,7 @@ class Relay:
             read = self._database_cycle(None, frozenset())
             while not stop.is_set():
                 self.liveness.beat()
-                rows = self._admit(read.rows)
+                rows = self._sender.admit(read.rows)
                 if not rows:
                     # Nothing to send (nothing new, or only aggregates that wait): finish what
                     # was acknowledged, then the read's floor (held below waiting rows).
@@ -189,7 +190,7 @@ class Relay:
                 skip = frozenset(row.id for row in rows)
                 cycle = database.submit(self._database_cycle, acked, skip)
                 try:
-                    outcome = self._publish(rows)
+                    outcome = self._sender.publish(rows)
                 finally:
                     following = cycle.result()  # never leave the database thread running alone
                 acked = _InFlight(rows, outcome, read.candidate)
@@ -206,7 +207,7 @@ class Relay:
         self._report_backlog()
         self._observe_horizon()
         fetch = self.settings.batch_size + len(skip)
-        read = self._database.read(self._horizon.floor, fetch, self._waiting())
+        read = self._database.read(self._horizon.floor, fetch, self._sender.waiting())
         candidate = self._horizon.candidate([row.position for row in read], limit=fetch)
         return _Read([row for row in read if row.id not in skip], candidate)
 
@@ -241,9 +242,7 @@ class Relay:
         self.metrics.leader.set(0)
         self.liveness.ready = False
         self._database.close()
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
+        self._sender.close()
         if self._watch is not None:
             self._watch.close()
             self._watch = None
@@ -258,7 +257,7 @@ class Relay:
             return False  # the watch is still catching up: too early to judge CDC
         self._observe_horizon()
         limit = self.settings.batch_size
-        rows = self._database.read(self._horizon.floor, limit, self._waiting())
+        rows = self._database.read(self._horizon.floor, limit, self._sender.waiting())
         if not self._takes_over(rows):
             first_left = rows[0].position if rows else None
             self._horizon.delivered([], limit=limit, first_left=first_left)
@@ -267,9 +266,9 @@ class Relay:
             return False
         self.liveness.state = "leader: publishing, CDC does not deliver (took over)"
         candidate = self._horizon.candidate([row.position for row in rows], limit=limit)
-        rows = self._admit(rows)
+        rows = self._sender.admit(rows)
         if rows:
-            self._finish(_InFlight(rows, self._publish(rows), candidate))
+            self._finish(_InFlight(rows, self._sender.publish(rows), candidate))
         else:
             self._horizon.advance(candidate)
         if len(rows) < limit and self._handover.drained():
@@ -288,67 +287,6 @@ class Relay:
             self._horizon.observe(last_position=last, xid_bound=xid_bound, xmin=xmin)
         elif self._horizon.observed > self._horizon.final:
             self._horizon.settle(self._database.oldest_running_xid())
-
-    def _publish(self, rows: list[OutboxRow]) -> BatchOutcome:
-        """Send ``rows`` and wait for the broker; a batch not acknowledged raises (retried).
-
-        Rows refused for a reason that can pass stay in the table (the floor is held below
-        them) and their aggregates wait; the producer is replaced, as its state may be what
-        the broker refused (``OutOfOrderSequenceNumber``, ``UnknownProducerId``, epochs).
-        """
-        self._database.check_lease()
-        if self._producer is None:
-            self._producer = ContractProducer(self._bootstrap, self.settings)
-        started = time.monotonic()
-        outcome = self._producer.publish(rows)
-        if outcome.failure is not None:
-            self._drop_producer()
-            raise _BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
-        self.metrics.publish_seconds.observe(time.monotonic() - started)
-        delivered = set(outcome.delivered)
-        for row in rows:
-            if row.id in delivered:
-                self._parking.delivered((row.aggregate_type, row.key))
-        if outcome.retry:
-            self._drop_producer()
-            now = time.monotonic()
-            for retry in outcome.retry:
-                row = retry.row
-                self._horizon.hold(row.position)
-                pause = self._parking.park((row.aggregate_type, row.key), now)
-                self.metrics.retried.labels(retry.error).inc()
-                log.warning(
-                    "broker did not take event %s (aggregate %s/%s), retrying in %.1f s: %s",
-                    row.id,
-                    row.aggregate_type,
-                    row.key.decode(errors="replace"),
-                    pause,
-                    retry.reason.splitlines()[0][:300],
-                )
-            self.metrics.parked.set(self._parking.count(now))
-        self._horizon.release([row.position for row in rows if row.id not in outcome.retry_ids])
-        return outcome
-
-    def _waiting(self) -> list[tuple[str, bytes]]:
-        """The aggregates whose rows the next read leaves out (their first row is held)."""
-        return self._parking.parked(time.monotonic())  # type: ignore[return-value]
-
-    def _admit(self, rows: list[OutboxRow]) -> list[OutboxRow]:
-        """The rows that may be sent now: not those of an aggregate that waits (held)."""
-        now = time.monotonic()
-        admitted = []
-        for row in rows:
-            if self._parking.is_parked((row.aggregate_type, row.key), now):
-                self._horizon.hold(row.position)
-            else:
-                admitted.append(row)
-        self.metrics.parked.set(self._parking.count(now))
-        return admitted
-
-    def _drop_producer(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
 
     def _takes_over(self, rows: list[OutboxRow]) -> bool:
         if self.settings.mode is RelayMode.CLEANUP:

@@ -80,7 +80,7 @@ def test_transient_refusals_wait_in_order_while_other_aggregates_flow(
 ) -> None:
     refused_type, healthy_type = f"x{uuid.uuid4().hex[:10]}", f"h{uuid.uuid4().hex[:10]}"
     broker = RefusingBroker(topic_for(refused_type))
-    monkeypatch.setattr("relay.service.ContractProducer", broker.producer_class())
+    monkeypatch.setattr("relay.sender.ContractProducer", broker.producer_class())
     written: dict[str, list[uuid.UUID]] = {refused_type: [], healthy_type: []}
     with relay_bench.database.connect() as connection:
         for n in range(30):  # one transaction each, interleaved: one position order

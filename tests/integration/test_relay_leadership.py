@@ -169,3 +169,35 @@ def test_auto_mode_takes_over_when_cdc_never_produced(
         assert [event_id_of(r.headers) for r in records] == [e.event_id for e in events]
     finally:
         broker.down()
+
+
+def test_the_leaders_session_gives_up_on_a_dead_network_in_seconds(
+    relay_bench: RelayBench,
+) -> None:
+    """Server side (what frees a dead leader's session in PostgreSQL) and client side: TCP
+    keepalives after 5 s idle, 3 probes 2 s apart, and tcp_user_timeout = the lease."""
+    from outbox import OutboxSettings
+    from relay.database import RelayDatabase
+
+    database = RelayDatabase(relay_bench.database.url, OutboxSettings().tables, 7.0)
+    database.connect()
+    try:
+        shown = {
+            name: database.connection.execute(f"SHOW {name}").fetchone()
+            for name in (
+                "tcp_keepalives_idle",
+                "tcp_keepalives_interval",
+                "tcp_keepalives_count",
+                "tcp_user_timeout",
+            )
+        }
+        info = database.connection.info.get_parameters()
+    finally:
+        database.close()
+    assert shown == {
+        "tcp_keepalives_idle": ("5",),
+        "tcp_keepalives_interval": ("2",),
+        "tcp_keepalives_count": ("3",),
+        "tcp_user_timeout": ("7000",),
+    }
+    assert info["keepalives"] == "1" and info["tcp_user_timeout"] == "7000"
