@@ -262,7 +262,13 @@ class Relay:
             first_left = rows[0].position if rows else None
             self._horizon.delivered([], limit=limit, first_left=first_left)
             self.metrics.floor.set(self._horizon.floor)
-            self.liveness.state = "leader: standing by, CDC delivers"
+            self.liveness.state = (
+                "leader: publishing, CDC does not deliver (took over)"
+                if self._handover.publishing
+                else "leader: cleaning up what CDC delivered (cleanup mode)"
+                if self.settings.mode is RelayMode.CLEANUP
+                else "leader: standing by, CDC delivers"
+            )
             return False
         self.liveness.state = "leader: publishing, CDC does not deliver (took over)"
         candidate = self._horizon.candidate([row.position for row in rows], limit=limit)

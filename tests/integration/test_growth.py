@@ -53,7 +53,7 @@ def test_cleanup_mode_never_publishes_even_when_cdc_is_silent(relay_bench: Relay
         Outbox().publish(connection, Event(aggregate_type, "1", "Tick", {}))
     with relay_bench.in_thread(mode="cleanup", grace_seconds=0.5) as relay:
         wait_until(
-            lambda: relay.liveness.state == "leader: standing by, CDC delivers",
+            lambda: relay.liveness.state == "leader: cleaning up what CDC delivered (cleanup mode)",
             timeout=60,
             what="standing by",
         )
