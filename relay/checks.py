@@ -1,5 +1,6 @@
 """What the relay checks in PostgreSQL before it leads: each broken assumption, a clear error.
 
+- The role must be allowed to use the lease table (leadership, relay/database.py).
 - The position sequence must have ``CACHE 1``: with a cache, each session draws positions
   from a block of its own, and "every position up to the sequence's last value is drawn"
   (the read floor, relay/horizon.py) no longer holds: rows could be skipped.
@@ -42,6 +43,15 @@ def check_database(
         raise ConfigurationError(
             f"the position sequence {sequence} has CACHE {row[0]}: the relay's read floor "
             f"needs CACHE 1, or it may skip rows. Fix: ALTER SEQUENCE {sequence} CACHE 1"
+        )
+    lease = f"{tables.schema}.{tables.relay_lease}"
+    allowed = connection.execute(
+        "SELECT has_table_privilege(to_regclass(%s), 'SELECT, INSERT, UPDATE')", (lease,)
+    ).fetchone()
+    if not allowed or not allowed[0]:
+        raise ConfigurationError(
+            f"this role may not use the relay's lease table {lease}: run `outbox db upgrade`, "
+            "then `outbox db grant ROLE --relay` (or `outbox db relay-role ROLE`)"
         )
     if mode is RelayMode.POLLING:
         return

@@ -44,6 +44,11 @@ depends_on = None
 AGGREGATE_TYPE_PATTERN = "^[A-Za-z0-9._-]{1,200}$"
 
 
+def _literal(identifier: str) -> str:
+    """A validated plain identifier (outbox.core.identifiers) as an SQL string literal."""
+    return f"'{identifier}'"
+
+
 def _registry_lock_class() -> int:
     """The first key of the registry's advisory locks: apart from the ordering trigger's."""
     tables = outbox_tables()
@@ -80,6 +85,27 @@ def upgrade() -> None:
             epoch      bigint      NOT NULL,
             expires_at timestamptz NOT NULL
         )
+        """
+    )
+    # Relay roles granted before this revision (they may delete outbox rows) may lead on.
+    op.execute(
+        f"""
+        DO $grant$
+        DECLARE
+            grantee text;
+        BEGIN
+            FOR grantee IN
+                SELECT DISTINCT g.grantee::text FROM information_schema.role_table_grants g
+                WHERE g.table_schema = {_literal(outbox_tables().schema)}
+                  AND g.table_name = {_literal(outbox_tables().outbox)}
+                  AND g.privilege_type = 'DELETE' AND g.grantee::text <> current_user
+            LOOP
+                EXECUTE pg_catalog.format(
+                    'GRANT SELECT, INSERT, UPDATE ON {n["lease"]} TO %I', grantee
+                );
+            END LOOP;
+        END
+        $grant$
         """
     )
     op.execute(

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
-import pytest
+import uuid
 
+import pytest
+import sqlalchemy as sa
+
+import migrations
 from tests.cli import run_outbox
 from tests.fix_cdc import CdcPath
+from tests.fix_postgres import ScratchDatabase
 from tests.fix_relay import RelayBench
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,3 +65,52 @@ def test_connect_status_reports_the_slot_and_its_wal_bound(cdc: CdcPath) -> None
     assert "wal_status reserved" in result.stdout
     assert "max_slot_wal_keep_size: unlimited" in result.stdout
     assert "ALTER SYSTEM SET max_slot_wal_keep_size" in result.stdout
+
+
+def test_relay_roles_granted_before_the_lease_may_lead_after_the_upgrade(
+    empty_database: ScratchDatabase,
+) -> None:
+    role = f"old_relay_{uuid.uuid4().hex[:8]}"
+    engine = sa.create_engine(empty_database.url)
+    try:
+        with engine.begin() as connection:
+            migrations.upgrade(connection, "outbox_0003")
+            connection.execute(sa.text(f'CREATE ROLE "{role}"'))
+            connection.execute(sa.text(f'GRANT SELECT, DELETE ON outbox.outbox TO "{role}"'))
+            migrations.upgrade(connection)
+            allowed = connection.execute(
+                sa.text(
+                    "SELECT has_table_privilege(:role, 'outbox.outbox_relay_lease', "
+                    "'SELECT, INSERT, UPDATE')"
+                ),
+                {"role": role},
+            ).scalar_one()
+            connection.execute(sa.text(f'DROP OWNED BY "{role}"'))
+            connection.execute(sa.text(f'DROP ROLE "{role}"'))
+    finally:
+        engine.dispose()
+    assert allowed is True
+
+
+def test_a_role_without_the_lease_is_told_how_to_fix_it(relay_bench: RelayBench) -> None:
+    role = f"relay_{uuid.uuid4().hex[:8]}"
+    env = {
+        "OUTBOX_DATABASE_URL": relay_bench.database.url,
+        "OUTBOX_RELAY_DATABASE_PASSWORD": "r-42",
+    }
+    created = run_outbox("db", "relay-role", role, env=env)
+    assert created.returncode == 0, created.stderr
+    with relay_bench.database.connect() as connection:
+        connection.execute(f'REVOKE ALL ON outbox.outbox_relay_lease FROM "{role}"')
+        connection.commit()
+    cluster = relay_bench.database.cluster
+    url = f"postgresql+psycopg://{role}:r-42@127.0.0.1:{cluster.port}/{relay_bench.database.name}"
+    try:
+        result = run_outbox("relay", "run", env=relay_env(relay_bench, OUTBOX_DATABASE_URL=url))
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert "outbox db grant ROLE --relay" in result.stderr
+    finally:
+        with relay_bench.database.connect() as connection:
+            connection.execute(f'DROP OWNED BY "{role}"')
+            connection.execute(f'DROP ROLE "{role}"')
+            connection.commit()
