@@ -262,6 +262,8 @@ class Relay:
             first_left = rows[0].position if rows else None
             self._horizon.delivered([], limit=limit, first_left=first_left)
             self.metrics.floor.set(self._horizon.floor)
+            if self._handover.publishing:  # took over, and nothing is left: drained
+                self._step_back_if_cdc_streams()
             self.liveness.state = (
                 "leader: publishing, CDC does not deliver (took over)"
                 if self._handover.publishing
@@ -277,11 +279,17 @@ class Relay:
             self._finish(_InFlight(rows, self._sender.publish(rows), candidate))
         else:
             self._horizon.advance(candidate)
-        if len(rows) < limit and self._handover.drained():
+        if len(rows) < limit:
+            self._step_back_if_cdc_streams()
+        return len(rows) >= limit
+
+    def _step_back_if_cdc_streams(self) -> None:
+        """Drained (the last read was not full): step back once CDC streams again. Also when
+        the outbox is empty: a relay that took over must not publish for ever."""
+        if self._handover.drained():
             self.metrics.stepbacks.inc()
             self.metrics.publishing.set(0)
             log.info("CDC delivers again: relay steps back")
-        return len(rows) >= limit
 
     def _observe_horizon(self) -> None:
         """Three statements, three transactions, in this order (see relay/horizon.py); the
