@@ -23,7 +23,7 @@
   rows (``outbox db expire``, migrations/retention.py) without reading the whole table.
 
 Revision ID: outbox_0005
-Revises: outbox_0003
+Revises: outbox_0004
 Create Date: 2026-11-23
 """
 
@@ -36,7 +36,7 @@ from alembic import op
 from migrations.names import outbox_tables
 
 revision = "outbox_0005"
-down_revision = "outbox_0003"
+down_revision = "outbox_0004"
 branch_labels = None
 depends_on = None
 

@@ -88,8 +88,6 @@ def app_revision(db: ScratchDatabase) -> str:
     return str(row[0])
 
 
-HEAD = ScriptDirectory(str(migrations.SCRIPT_LOCATION)).get_current_head()
-
 OUTBOX_TABLES = {
     "outbox.outbox",
     "outbox.outbox_dedup",
