@@ -15,8 +15,9 @@
   waiting on another transaction that registers the same name (it lets the row through).
 - Row-level security, so that one service cannot touch another's rows:
   dedup keys belong to the role that wrote them (``owner``, default ``current_user``; keys
-  written before this revision have ``owner = ''`` and stay shared); inbox claims and
-  consumer dead letters belong to the roles a consumer name is registered for, in
+  written before this revision have ``owner = ''`` and stay shared); inbox claims,
+  consumer dead letters and side-effect steps belong to the roles a consumer name is
+  registered for, in
   ``<inbox>_consumer`` (``outbox db grant ROLE --consumer --consumer-name NAME``). The owner
   of the tables (who runs the migrations) is not subject to the policies.
 - Indexes on the dead letters' ``failed_at`` and the heartbeat's ``beat``: expiry of old
@@ -198,6 +199,7 @@ def _row_level_security() -> None:
     for table, name in (
         (tables.qualified_inbox, tables.inbox),
         (tables.qualified_inbox_dead_letter, tables.inbox_dead_letter),
+        (tables.qualified_effect, tables.effect),
     ):
         op.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
         op.execute(f'CREATE POLICY "{name}_own_consumers" ON {table} USING ({mine})')
@@ -206,6 +208,7 @@ def _row_level_security() -> None:
 def _drop_row_level_security() -> None:
     tables = outbox_tables()
     for table, name in (
+        (tables.qualified_effect, tables.effect),
         (tables.qualified_inbox_dead_letter, tables.inbox_dead_letter),
         (tables.qualified_inbox, tables.inbox),
     ):

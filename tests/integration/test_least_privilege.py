@@ -171,7 +171,7 @@ def test_a_publisher_cannot_touch_another_services_dedup_keys(database: ScratchD
         drop_role(database, billing[0])
 
 
-def test_a_consumer_cannot_read_delete_or_preclaim_another_services_inbox(
+def test_a_consumer_cannot_touch_another_services_inbox_or_ledger(
     database: ScratchDatabase,
 ) -> None:
     shipping = granted_role(database, "shipping", "--consumer", "--consumer-name", "shipping-x")
@@ -196,6 +196,25 @@ def test_a_consumer_cannot_read_delete_or_preclaim_another_services_inbox(
                 ).rowcount
                 == 1
             )  # its own claim only
+            connection.rollback()
+            with connection.transaction():  # a step of shipping's side-effect ledger
+                connection.execute(
+                    "INSERT INTO outbox.outbox_inbox_effect (consumer, event_id, effect, "
+                    "idempotency_key, state, attempt, context) VALUES "
+                    "('shipping-x', %s, 'label', gen_random_uuid(), 'started', 1, '{}')",
+                    (message,),
+                )
+        with connect_as(database, *billing) as connection:
+            assert connection.execute(
+                "SELECT count(*) FROM outbox.outbox_inbox_effect WHERE event_id = %s", (message,)
+            ).fetchone() == (0,)
+            assert (
+                connection.execute(
+                    "UPDATE outbox.outbox_inbox_effect SET state = 'released' WHERE event_id = %s",
+                    (message,),
+                ).rowcount
+                == 0
+            )
             connection.rollback()
         taken = run_outbox(
             "db",
