@@ -60,8 +60,7 @@ def run(
         server = HealthServer(settings.http_host, settings.http_port, relay.liveness, relay.metrics)
         server.start()
     try:
-        with friendly_errors():  # a start-up check that fails: its message, exit 2
-            relay.run(stop)
+        relay.run(stop)  # a start-up check that fails: its message, exit 2 (cli.main)
     finally:
         if server is not None:
             server.stop()
