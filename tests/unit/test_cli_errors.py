@@ -43,6 +43,7 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["db", "upgrade"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "downgrade", "base"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "current"], NO_DATABASE, UNREACHABLE_DATABASE),
+    (["db", "expire"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "grant", "app", "--publisher"], NO_DATABASE, UNREACHABLE_DATABASE),
     (
         ["db", "cdc-role"],
