@@ -58,6 +58,8 @@ class Report:
     window: str
     findings: list[Finding]
     figures: dict[str, int]
+    slots: dict[str, int] = field(default_factory=dict)
+    """WAL retained per logical replication slot of the outbox's database (bytes)."""
 
     @property
     def finding_count(self) -> int:
@@ -82,6 +84,7 @@ class Report:
             "by_aggregate_type": self.by_aggregate_type(),
             "findings": [asdict(finding) for finding in self.findings],
             "figures": self.figures,
+            "slot_retained_wal_bytes": self.slots,
         }
 
 

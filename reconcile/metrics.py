@@ -47,6 +47,13 @@ class ReconcileMetrics:
             registry=r,
         )
 
+        self.slot_wal = Gauge(
+            "outbox_reconcile_slot_retained_wal_bytes",
+            "WAL each logical replication slot retains, measured by the last run.",
+            ["slot"],
+            registry=r,
+        )
+
     def record(self, report: Report) -> None:
         for kind in FINDING_KINDS:
             self.findings.labels(kind=kind, aggregate_type="").set(0)
@@ -59,6 +66,8 @@ class ReconcileMetrics:
         self.kafka_events.set(report.figures.get("kafka_events", 0))
         self.lake_events.set(report.figures.get("lake_events", 0))
         self.pending.set(report.figures.get("lake_pending_ingest", 0))
+        for slot, retained in report.slots.items():
+            self.slot_wal.labels(slot=slot).set(retained)
 
     def write(self, path: str) -> None:
         write_to_textfile(path, self.registry)

@@ -40,14 +40,15 @@ def read_outbox(
     evidence: Evidence,
     window: Window,
     advance: Callable[[int], None] = lambda _: None,
-) -> tuple[int, int]:
-    """Stream the outbox rows and dead letters in ``window`` into ``evidence``."""
+) -> dict[str, int]:
+    """Stream the outbox rows and dead letters in ``window`` into ``evidence``; return the
+    WAL each logical replication slot of the database retains (bytes)."""
     statements = ReconcileStatements(tables)
     with psycopg.connect(libpq_conninfo(database_url)) as connection:
         connection.read_only = True
         connection.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with connection.transaction():
-            rows = evidence.add_outbox_rows(
+            evidence.add_outbox_rows(
                 _counted(
                     _streamed(
                         connection,
@@ -58,7 +59,7 @@ def read_outbox(
                     advance,
                 )
             )
-            dead = evidence.add_dead_letters(
+            evidence.add_dead_letters(
                 _counted(
                     _streamed(
                         connection,
@@ -69,7 +70,8 @@ def read_outbox(
                     advance,
                 )
             )
-    return rows, dead
+            slots = connection.execute(statements.slots).fetchall()
+    return {str(name): int(retained) for name, retained in slots}
 
 
 def _counted(rows: Iterator[Any], advance: Callable[[int], None]) -> Iterator[Any]:

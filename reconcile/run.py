@@ -51,7 +51,7 @@ def run_reconcile(
     with tempfile.TemporaryDirectory(prefix="outbox-reconcile-", dir=settings.work_dir) as work:
         evidence = Evidence(Path(work) / "evidence.sqlite", cache_mb=settings.cache_mb)
         try:
-            read_outbox(
+            slots = read_outbox(
                 sources.database_url,
                 sources.tables,
                 evidence,
@@ -77,6 +77,7 @@ def run_reconcile(
             )
         finally:
             evidence.close()
+    report.slots = slots
     report.figures["lake_events_version"] = (
         -1 if lake.events_version is None else lake.events_version
     )

@@ -34,6 +34,16 @@ class ReconcileStatements:
         )
 
     @property
+    def slots(self) -> str:
+        """The WAL each logical slot of this database retains, in bytes (slot lag)."""
+        return (
+            "SELECT slot_name::text, "
+            "coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint "
+            "FROM pg_replication_slots WHERE database = current_database() "
+            "AND slot_type = 'logical' ORDER BY slot_name"
+        )
+
+    @property
     def outbox_row(self) -> str:
         """One row by id (``%s``): aggregate, type, position, created_at, age."""
         return (
