@@ -23,13 +23,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from outbox.core.errors import OutboxError
 from reconcile.evidence import Evidence
 from reconcile.records import KafkaCopy, Malformed, Window, copy_of
 
-__all__ = ["KafkaRead", "read_kafka"]
+__all__ = ["KafkaRead", "KafkaReadError", "read_kafka"]
 
 _SINCE_MARGIN_MS = 3_600_000
 """Records are produced after their event was built: seek an hour before ``--since``."""
+
+
+_STALL_SECONDS = 60.0
+"""``end_offsets=broker``: partitions not at their end yet, and nothing read for this long."""
+
+
+class KafkaReadError(OutboxError):
+    """Kafka stopped answering before every partition was read: the report would be partial."""
 
 
 @dataclass
@@ -99,8 +108,18 @@ def read_kafka(
         while len(done) < len(partitions):
             batches = consumer.poll(timeout_ms=200, max_records=5000)
             if not batches:
-                if stops is None and time.monotonic() - quiet_since >= idle_seconds:
+                quiet = time.monotonic() - quiet_since
+                if stops is None and quiet >= idle_seconds:
                     break
+                if stops is not None and quiet >= max(_STALL_SECONDS, idle_seconds):
+                    behind = sorted(
+                        f"{tp.topic}[{tp.partition}]" for tp in partitions if tp not in done
+                    )
+                    raise KafkaReadError(
+                        f"Kafka returned nothing for {quiet:.0f} s though {', '.join(behind[:5])} "
+                        "are not read to their end offsets: the broker is down or the records "
+                        "are gone; run reconcile again once it answers"
+                    )
                 continue
             quiet_since = time.monotonic()
             chunk: list[KafkaCopy | Malformed] = []
@@ -133,6 +152,9 @@ def read_kafka(
                     consumer.pause(tp)
             evidence.add_kafka(chunk)
             advance(sum(len(records) for records in batches.values()))
+        # A broker that went away mid-read looks like a quiet one: ask it something before
+        # reporting what was read as complete (raises when it does not answer).
+        consumer.beginning_offsets(partitions)
         for tp in partitions:
             start = first.get(tp, starts[tp])
             end = after.get(tp, start)

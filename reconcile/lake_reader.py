@@ -81,8 +81,13 @@ def _in_window(window: Window) -> Any:
 
 def _batches(table: DeltaTable, columns: list[str], window: Window) -> Iterator[Any]:
     dataset = table.to_pyarrow_dataset()
+    # Little read-ahead: memory follows one file's columns, not the table.
     yield from dataset.to_batches(
-        columns=columns, filter=_in_window(window), batch_size=_BATCH_ROWS
+        columns=columns,
+        filter=_in_window(window),
+        batch_size=_BATCH_ROWS,
+        batch_readahead=1,
+        fragment_readahead=1,
     )
 
 

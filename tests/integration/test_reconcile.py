@@ -287,3 +287,29 @@ def test_trace_follows_an_event_to_its_kafka_copy_and_delta_version(pipeline: Pi
     unknown = pipeline.trace(pipeline.lake, str(uuid.uuid4()))
     assert unknown.returncode == 1
     assert json.loads(unknown.stdout)["found"] is False
+
+
+def test_an_unreachable_source_exits_2_naming_it_and_never_reports_clean(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    from tests.fix_postgres import free_port
+
+    closed = f"127.0.0.1:{free_port()}"
+    no_kafka = run_outbox(
+        "reconcile",
+        "--quiet",
+        env=pipeline.env(pipeline.lake, OUTBOX_KAFKA_BOOTSTRAP_SERVERS=closed),
+    )
+    assert no_kafka.returncode == 2, no_kafka.stdout + no_kafka.stderr
+    assert "Kafka" in no_kafka.stderr and "OUTBOX_KAFKA_BOOTSTRAP_SERVERS" in no_kafka.stderr
+    assert "no findings" not in no_kafka.stdout
+    url = pipeline.database.url.replace(f":{pipeline.database.cluster.port}/", f":{free_port()}/")
+    no_database = run_outbox(
+        "reconcile", "--quiet", env=pipeline.env(pipeline.lake, OUTBOX_DATABASE_URL=url)
+    )
+    assert no_database.returncode == 2, no_database.stdout + no_database.stderr
+    assert "outbox database" in no_database.stderr
+    assert "Traceback" not in no_kafka.stderr + no_database.stderr
+    bad_window = run_outbox("reconcile", "--since", "yesterday", env=pipeline.env(pipeline.lake))
+    assert bad_window.returncode == 2
+    assert "--since" in bad_window.stderr and "ISO 8601" in bad_window.stderr

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from reconcile.evidence import Evidence
 from reconcile.findings import Report, compare
+from reconcile.metrics import ReconcileMetrics
 from reconcile.records import KafkaCopy, Malformed, Window, copy_of, event_time_ms, parse_moment
 
 TOPIC = "outbox.event.order"
@@ -216,3 +218,19 @@ def test_moments_are_iso_or_a_duration_ago() -> None:
     assert parse_moment("2026-11-23T10:00:00") == datetime(2026, 11, 23, 10, tzinfo=UTC)
     with pytest.raises(ValueError, match="ISO 8601"):
         parse_moment("yesterday")
+
+
+def test_the_metrics_file_carries_each_finding_and_zero_for_the_others(tmp_path: Path) -> None:
+    evidence = Evidence()
+    evidence.add_dead_letters([(IDS[0], "order", "1", 1, "x", "t")])
+    report = compare(evidence)
+    report.slots = {"outbox_slot": 4096}
+    metrics = ReconcileMetrics()
+    metrics.record(report)
+    target = tmp_path / "outbox_reconcile.prom"
+    metrics.write(str(target))
+    text = target.read_text()
+    assert 'outbox_reconcile_findings{aggregate_type="order",kind="dead_letter"} 1.0' in text
+    assert 'outbox_reconcile_findings{aggregate_type="",kind="missing_in_lake"} 0.0' in text
+    assert 'outbox_reconcile_slot_retained_wal_bytes{slot="outbox_slot"} 4096.0' in text
+    assert "outbox_reconcile_last_run_timestamp_seconds" in text
