@@ -80,6 +80,8 @@ class Evidence:
         self.path = path
         self.db = sqlite3.connect(":memory:" if path is None else str(path))
         self.db.execute(f"PRAGMA cache_size = -{int(cache_mb) * 1024}")
+        # Sorts (GROUP BY, CREATE INDEX, window functions) spill to disk beyond this.
+        self.db.execute(f"PRAGMA soft_heap_limit = {int(cache_mb) * 2 * 2**20}")
         self.db.execute("PRAGMA journal_mode = OFF")
         self.db.execute("PRAGMA synchronous = OFF")
         self.db.execute("PRAGMA temp_store = FILE")

@@ -132,6 +132,10 @@ def test_a_clean_pipeline_reports_nothing_and_exits_0(pipeline: Pipeline) -> Non
     assert figures["typed_rows"] == TOTAL
     assert figures["lake_pending_ingest"] == 0
     assert figures["outbox_rows"] == 0
+    human = run_outbox("reconcile", env=pipeline.env(pipeline.lake))
+    assert human.returncode == 0, human.stderr[-3000:]
+    assert "no findings" in human.stdout
+    assert "Kafka records" in human.stderr and "lake rows" in human.stderr  # progress
 
 
 def test_an_event_deleted_from_the_lake_is_missing_in_lake(
