@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lake.settings import LakeSettings
+from outbox.core.errors import ConfigurationError
 from outbox.core.tables import OutboxTables
 from reconcile.evidence import Evidence
 from reconcile.findings import Report, compare
@@ -23,7 +24,12 @@ from reconcile.outbox_reader import read_outbox
 from reconcile.records import Window
 from reconcile.settings import ReconcileSettings
 
-__all__ = ["Phases", "Sources", "run_reconcile"]
+__all__ = ["LakeNotFoundError", "Phases", "Sources", "run_reconcile"]
+
+
+class LakeNotFoundError(ConfigurationError):
+    """Kafka has events but the lake root holds no events table: a wrong root, most likely."""
+
 
 Phases = Callable[[str], Callable[[int], None]]
 """``phases(name)`` announces a phase and returns the function that advances it by n items."""
@@ -68,6 +74,12 @@ def run_reconcile(
                 advance=phases("Kafka records"),
             )
             lake = read_lake(sources.lake, evidence, window, kafka.ranges, phases("lake rows"))
+            if lake.events_version is None and kafka.records:
+                raise LakeNotFoundError(
+                    f"there is no events table at {sources.lake.table_uri('events')} though "
+                    f"Kafka holds {kafka.records:,} records: check OUTBOX_LAKE_ROOT (or run "
+                    "`outbox lake ingest` first)"
+                )
             phases("comparing")
             report = compare(
                 evidence,

@@ -314,6 +314,9 @@ def test_an_unreachable_source_exits_2_naming_it_and_never_reports_clean(
     assert no_database.returncode == 2, no_database.stdout + no_database.stderr
     assert "outbox database" in no_database.stderr
     assert "Traceback" not in no_kafka.stderr + no_database.stderr
+    no_lake = run_outbox("reconcile", "--quiet", env=pipeline.env(tmp_path / "nowhere"))
+    assert no_lake.returncode == 2, no_lake.stdout + no_lake.stderr
+    assert "OUTBOX_LAKE_ROOT" in no_lake.stderr
     bad_window = run_outbox("reconcile", "--since", "yesterday", env=pipeline.env(pipeline.lake))
     assert bad_window.returncode == 2
     assert "--since" in bad_window.stderr and "ISO 8601" in bad_window.stderr
