@@ -24,6 +24,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -150,7 +151,7 @@ def produce_and_land(bootstrap: str, lake: Path, prefix: str, start: int, count:
     producer.close()
 
 
-def reconcile(env: dict[str, str]) -> tuple[int, float, dict[str, object]]:
+def reconcile(env: dict[str, str]) -> tuple[int, float, dict[str, Any]]:
     started = time.monotonic()
     done = subprocess.run(
         ["/usr/bin/time", "-v", sys.executable, "-m", "cli.main", "reconcile", "--json", "-q"],
@@ -171,8 +172,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--first", type=int, default=100_000)
-    total = parser.parse_args().events
-    first = min(parser.parse_args().first, total)
+    parser.add_argument(
+        "--cache-mb",
+        type=int,
+        action="append",
+        default=[],
+        help="Also run at the full size with this OUTBOX_RECONCILE_CACHE_MB (repeatable).",
+    )
+    arguments = parser.parse_args()
+    total = arguments.events
+    first = min(arguments.first, total)
     settings = StackSettings(
         dir=ROOT / ".stack" / "bench-reconcile",
         postgres_port=free_port(),
@@ -212,17 +221,28 @@ def main() -> None:
                 produce_and_land(broker.bootstrap_servers, lake, prefix, done, target - done)
                 done = target
                 print(f"{done:,} events on Kafka and in the lake ({time.monotonic() - t0:.0f} s)")
-                rss_kb, seconds, report = reconcile(env)
-                figures = report["figures"]
-                print(
-                    f"reconcile over {done:,} events: peak RSS {rss_kb / 1024:.0f} MiB, "
-                    f"{seconds:.0f} s ({done / seconds:,.0f} events/s); kafka_events "
-                    f"{figures['kafka_events']:,}, lake_events {figures['lake_events']:,}, "
-                    f"typed_rows {figures['typed_rows']:,}, findings {report['finding_count']}"
-                )
+                runs = [("64", env)] + [
+                    (str(mb), {**env, "OUTBOX_RECONCILE_CACHE_MB": str(mb)})
+                    for mb in (arguments.cache_mb if target == total else [])
+                ]
+                for cache_mb, run_env in runs:
+                    report_run(done, cache_mb, *reconcile(run_env))
     finally:
         broker.down()
         cluster.down()
+
+
+def report_run(
+    done: int, cache_mb: str, rss_kb: int, seconds: float, report: dict[str, Any]
+) -> None:
+    figures = report["figures"]
+    print(
+        f"reconcile over {done:,} events (cache {cache_mb} MB): "
+        f"peak RSS {rss_kb / 1024:.0f} MiB, "
+        f"{seconds:.0f} s ({done / seconds:,.0f} events/s); kafka_events "
+        f"{figures['kafka_events']:,}, lake_events {figures['lake_events']:,}, "
+        f"typed_rows {figures['typed_rows']:,}, findings {report['finding_count']}"
+    )
 
 
 if __name__ == "__main__":

@@ -225,13 +225,20 @@ def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
         consumer.assign(list(starts))
         for tp, offset in starts.items():
             consumer.seek(tp, offset)
+        # To the end as it was when trace started: under load a partition is never quiet.
+        started_ms = int(time.time() * 1000)
+        ended: set[Any] = set()
         quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < _IDLE_SECONDS:
+        while time.monotonic() - quiet_since < _IDLE_SECONDS and len(ended) < len(starts):
             batches = consumer.poll(timeout_ms=200, max_records=5000)
             if batches:
                 quiet_since = time.monotonic()
             for tp, records in batches.items():
                 for record in records:
+                    if record.timestamp > started_ms:
+                        ended.add(tp)
+                        consumer.pause(tp)
+                        break
                     copy = copy_of(
                         topic=tp.topic,
                         partition=tp.partition,
