@@ -99,8 +99,8 @@ class Evidence:
         iterator = iter(rows)
         while chunk := list(islice(iterator, _CHUNK)):
             self.db.executemany(f"INSERT INTO {table} VALUES ({marks})", chunk)  # noqa: S608
+            self.db.commit()  # one chunk per transaction: dirty pages never pile up
             count += len(chunk)
-        self.db.commit()
         return count
 
     # -- what the adapters hand in ------------------------------------------------------------

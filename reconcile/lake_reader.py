@@ -29,7 +29,7 @@ from reconcile.records import TOPIC_PREFIX, Window
 
 __all__ = ["LakeRead", "read_lake"]
 
-_BATCH_ROWS = 65_536
+_BATCH_ROWS = 8_192
 _EVENT_COLUMNS = [
     "event_id",
     "aggregate_type",
