@@ -20,7 +20,7 @@ class ReconcileSettings(BaseSettings):
     ``OUTBOX_LAKE_END_OFFSETS=scan``, a partition that yields nothing for this long has been
     read to its end. ``OUTBOX_RECONCILE_EXAMPLES``: examples kept per finding and aggregate
     type. ``OUTBOX_RECONCILE_WORK_DIR``: where the on-disk evidence file goes (default: the
-    system's temporary folder; about 150 bytes per event, deleted at the end).
+    system's temporary folder; about 700 bytes per event, deleted at the end).
     ``OUTBOX_RECONCILE_CACHE_MB``: SQLite's page cache, the bulk of reconcile's memory.
     """
 
