@@ -1,4 +1,4 @@
-"""Peak memory of ``outbox reconcile`` at 100,000 and at 1,000,000 events (bounded memory).
+"""Peak memory of ``outbox reconcile`` at two sizes (by default 100,000 and 1,000,000 events).
 
 Starts a private PostgreSQL and broker of its own (free loopback ports, under
 ``.stack/bench-reconcile``), produces contract records with kafka-python (4 aggregate types,
@@ -8,7 +8,10 @@ would take an hour on this machine for a million events: the lake's contents, no
 got there, is what reconcile reads), then runs ``outbox reconcile --json`` as a separate
 process under ``/usr/bin/time -v`` and prints its peak RSS, its time and its figures.
 
-    python -m benchmarks.reconcile_memory [--events 1000000]
+    python -m benchmarks.reconcile_memory [--first 100000] [--events 1000000] [--cache-mb 8]
+
+Measured: 469 MiB at 1,000,000 events, 480 MiB at 3,000,000 (``--first 1000000 --events
+3000000``; docs/verifying-delivery.md).
 """
 
 from __future__ import annotations
