@@ -4,7 +4,8 @@ The adapters stream what they read into :class:`Evidence` in chunks; the compari
 (:mod:`reconcile.findings`) runs as SQL over it. SQLite's page cache is capped
 (``cache_mb``) and its sorts spill to disk, so its memory does not grow with the events
 (figures in docs/verifying-delivery.md); the file does (about 700 bytes per event: its
-Kafka copy, lake row and typed row, with their indexes) and is deleted with its folder. (Pure: stdlib only; no network, no service.)
+Kafka copy, lake row and typed row, with their indexes) and is deleted with its folder.
+(Pure: stdlib only; no network, no service.)
 
 What each table holds:
 
