@@ -59,7 +59,7 @@ def _moment(value: str | None, option: str) -> Any:
 
 
 def _sources() -> Any:
-    from cli.relay import bootstrap_servers
+    from cli._common import bootstrap_servers
     from lake.settings import LakeSettings
     from outbox.settings import DatabaseSettings, OutboxSettings
     from reconcile.run import Sources
