@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from cli._common import friendly_errors, load
+from cli._common import fail, load
 
 __all__ = ["register"]
 
@@ -25,25 +25,22 @@ def register(app: typer.Typer) -> None:
 
 @contextmanager
 def _readable_failures() -> Iterator[None]:
-    """A source that cannot be read ends the run with status 2 and what to check."""
+    """A source that cannot be read ends the run with one line naming it, and status 2."""
     import psycopg
     from deltalake.exceptions import DeltaError
     from kafka.errors import KafkaError
 
-    with friendly_errors():
-        try:
-            yield
-        except psycopg.Error as error:
-            typer.secho(f"outbox database: {error}", err=True, fg="red")
-            raise typer.Exit(2) from None
-        except KafkaError as error:
-            typer.secho(
-                f"Kafka: {error} (check OUTBOX_KAFKA_BOOTSTRAP_SERVERS)", err=True, fg="red"
-            )
-            raise typer.Exit(2) from None
-        except (DeltaError, OSError) as error:
-            typer.secho(f"lake: {error} (check OUTBOX_LAKE_ROOT)", err=True, fg="red")
-            raise typer.Exit(2) from None
+    try:
+        yield
+    except psycopg.Error as error:
+        raise fail(f"outbox database: {error} (check OUTBOX_DATABASE_URL)", error) from None
+    except KafkaError as error:
+        raise fail(
+            f"Kafka: {type(error).__name__}: {error} (check OUTBOX_KAFKA_BOOTSTRAP_SERVERS)",
+            error,
+        ) from None
+    except (DeltaError, OSError) as error:
+        raise fail(f"lake: {error} (check OUTBOX_LAKE_ROOT)", error) from None
 
 
 def _moment(value: str | None, option: str) -> Any:
