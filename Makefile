@@ -34,7 +34,7 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy outbox cli stack migrations connect relay lake examples
+	$(BIN)/mypy outbox cli stack migrations connect relay lake reconcile examples
 
 ## bench: the SDK benchmark (prints figures and ratios)
 bench: $(STAMP)

@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from cli import connect, db, demo, effects, lake, relay, stack
+from cli import connect, db, demo, effects, lake, reconcile, relay, stack
 from cli._common import friendly_errors, show_tracebacks
 
 app = typer.Typer(
@@ -33,6 +33,7 @@ app.add_typer(relay.app, name="relay")
 app.add_typer(lake.app, name="lake")
 app.add_typer(effects.app, name="effects")
 app.command("demo")(demo.run_demo)
+reconcile.register(app)
 
 
 VERBOSE_OPTION = typer.Option(False, "--verbose", "-v", help="On error, print the traceback too.")
