@@ -131,7 +131,8 @@ class IdempotentConsumer(Generic[T]):
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            **(consumer_options or {}),
+            # kafka-python's own metrics name topics a.b and a_b alike, and then fail.
+            **{"metrics_enabled": False, **(consumer_options or {})},
         )
         if pattern is not None:
             self._consumer.subscribe(pattern=pattern)

@@ -57,6 +57,7 @@ def _consumer(bootstrap_servers: str) -> Any:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         client_id="outbox-reconcile",
+        metrics_enabled=False,  # its per-topic names collide for a.b and a_b
         fetch_max_bytes=16 * 2**20,
         max_partition_fetch_bytes=2**20,
     )

@@ -63,6 +63,7 @@ class CdcWatch:
         self._consumer: Any = KafkaConsumer(
             bootstrap_servers=bootstrap_servers.split(","),
             client_id="outbox-relay-cdc-watch",
+            metrics_enabled=False,  # its per-topic names collide for a.b and a_b
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

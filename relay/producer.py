@@ -82,6 +82,7 @@ class ContractProducer:
         self._producer: Any = KafkaProducer(
             bootstrap_servers=bootstrap_servers.split(","),
             client_id="outbox-relay",
+            metrics_enabled=False,  # its per-topic names collide for a.b and a_b
             acks="all",
             enable_idempotence=True,
             max_in_flight_requests_per_connection=5,
