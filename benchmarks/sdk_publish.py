@@ -2,25 +2,33 @@
 
 Measures transactions per second of one business transaction (insert one order row):
 alone, with one outbox event, and with ten events; at 1 and 4 concurrent clients (one
-process and one connection each). Three ways of writing the events:
+process and one connection each). The ways of writing the events:
 
 - ``publish``: ``Outbox.publish`` / ``publish_many`` after the order's INSERT, psycopg in its
   default mode. Each statement waits for its answer: the events cost one more round trip.
-- ``publish, pipeline``: the same, on a connection in pipeline mode (the plain transaction
-  is pipelined too). ``publish`` does not wait, so the events travel with the COMMIT.
+- ``hand-written INSERT``: the peer a user would otherwise write: an INSERT of the same row
+  (``json.dumps`` of the payload) into a Debezium-style outbox table (id, aggregatetype,
+  aggregateid, type, payload; no trigger, no position) in the same transaction;
+  ``executemany`` for ten events.
+- ``publish, no trigger``: ``publish`` into a copy of the outbox table whose position comes
+  from a column default instead of the trigger (no per-aggregate lock, no xid): what the
+  trigger costs. Not a way to run: it drops the ordering guarantee.
 - ``execute``: ``Outbox.execute`` runs the order's INSERT with the events attached (a
   data-modifying CTE): one statement, one round trip, default mode.
+- ``publish, pipeline``: ``publish`` on a connection in pipeline mode (the plain transaction
+  is pipelined too). ``publish`` does not wait, so the events travel with the COMMIT.
 
 Scenarios are interleaved in rounds so that drift of the machine hits them all alike; the
-median of the rounds is shown, with the ratio to the plain transaction of the same mode.
+median of the rounds is shown, with the ratios the targets are about.
 
-    python -m benchmarks.sdk_publish                    # about 4 minutes
-    python -m benchmarks.sdk_publish --seconds 2 --rounds 1
+    python -m benchmarks.sdk_publish                    # about 6 minutes
+    python -m benchmarks.sdk_publish --seconds 1 --rounds 1 --clients 1   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import platform
@@ -34,22 +42,43 @@ import psycopg
 import sqlalchemy as sa
 
 import migrations
-from outbox import Event, Outbox
+from benchmarks._results import Results
+from outbox import Event, Outbox, OutboxSettings
 from stack import PostgresCluster
 
 DATABASE = "outbox_bench"
 INSERT_ORDER = "INSERT INTO bench_orders (customer, total) VALUES (%s, %s)"
+# Debezium's documented outbox table, written by hand.
+INSERT_BY_HAND = (
+    "INSERT INTO bench_debezium_outbox (id, aggregatetype, aggregateid, type, payload) "
+    "VALUES (%s, %s, %s, %s, %s)"
+)
+NO_TRIGGER_SCHEMA = "bench_notrigger"
+PLAIN, PUBLISH, BY_HAND, NO_TRIGGER, EXECUTE, PIPELINE = (
+    "plain",
+    "publish",
+    "hand-written INSERT",
+    "publish, no trigger",
+    "execute",
+    "publish, pipeline",
+)
 Body = Callable[[psycopg.Connection, int], None]
 
 
 @dataclass(frozen=True)
 class Scenario:
-    style: str  # "publish", "publish, pipeline" or "execute"
+    style: str  # one of the styles above; PLAIN and PIPELINE with 0 events: the plain tx
     events: int  # 0: the plain transaction
 
     @property
     def pipeline(self) -> bool:
-        return self.style == "publish, pipeline"
+        return self.style == PIPELINE
+
+    @property
+    def label(self) -> str:
+        if self.events == 0:
+            return "plain, pipeline" if self.pipeline else "plain"
+        return f"{self.style}, {self.events} event{'s' if self.events > 1 else ''}"
 
 
 def events_for(number: int, count: int) -> list[Event]:
@@ -60,10 +89,28 @@ def events_for(number: int, count: int) -> list[Event]:
 
 
 def body_of(scenario: Scenario) -> Body:
-    outbox = Outbox()
     if scenario.events == 0:
         return lambda connection, number: connection.execute(INSERT_ORDER, ("c", number)) and None
-    if scenario.style == "execute":
+    if scenario.style == BY_HAND:
+
+        def by_hand(connection: psycopg.Connection, number: int) -> None:
+            connection.execute(INSERT_ORDER, ("c", number))
+            rows = [
+                (e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, json.dumps(e.payload))
+                for e in events_for(number, scenario.events)
+            ]
+            if len(rows) == 1:
+                connection.execute(INSERT_BY_HAND, rows[0])
+            else:
+                connection.cursor().executemany(INSERT_BY_HAND, rows)
+
+        return by_hand
+    outbox = (
+        Outbox(OutboxSettings(schema_name=NO_TRIGGER_SCHEMA))
+        if scenario.style == NO_TRIGGER
+        else Outbox()
+    )
+    if scenario.style == EXECUTE:
 
         def attached(connection: psycopg.Connection, number: int) -> None:
             outbox.execute(
@@ -140,28 +187,75 @@ def prepare(cluster: PostgresCluster) -> str:
             "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, customer text NOT NULL, "
             "total numeric(12, 2) NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
         )
+        connection.exec_driver_sql(
+            "CREATE TABLE bench_debezium_outbox (id uuid PRIMARY KEY, "
+            "aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL, "
+            "type varchar(255) NOT NULL, payload jsonb)"
+        )
+        # The outbox without its trigger: same columns, indexes and defaults; positions from
+        # a plain sequence default.
+        connection.exec_driver_sql(f"CREATE SCHEMA {NO_TRIGGER_SCHEMA}")
+        connection.exec_driver_sql(
+            f"CREATE TABLE {NO_TRIGGER_SCHEMA}.outbox (LIKE outbox.outbox INCLUDING ALL)"
+        )
+        connection.exec_driver_sql(f"CREATE SEQUENCE {NO_TRIGGER_SCHEMA}.outbox_position_seq")
+        connection.exec_driver_sql(
+            f"ALTER TABLE {NO_TRIGGER_SCHEMA}.outbox ALTER COLUMN position "
+            f"SET DEFAULT nextval('{NO_TRIGGER_SCHEMA}.outbox_position_seq')"
+        )
     engine.dispose()
     return cluster.conninfo(DATABASE)
 
 
 SCENARIOS = [
-    Scenario("publish", 0),
-    Scenario("publish", 1),
-    Scenario("publish", 10),
-    Scenario("execute", 1),
-    Scenario("execute", 10),
-    Scenario("publish, pipeline", 0),
-    Scenario("publish, pipeline", 1),
-    Scenario("publish, pipeline", 10),
+    Scenario(PLAIN, 0),
+    Scenario(PUBLISH, 1),
+    Scenario(BY_HAND, 1),
+    Scenario(NO_TRIGGER, 1),
+    Scenario(EXECUTE, 1),
+    Scenario(PUBLISH, 10),
+    Scenario(BY_HAND, 10),
+    Scenario(NO_TRIGGER, 10),
+    Scenario(EXECUTE, 10),
+    Scenario(PIPELINE, 0),
+    Scenario(PIPELINE, 1),
+    Scenario(PIPELINE, 10),
+]
+# (name, numerator, denominator, target)
+RATIOS = [
+    ("publish / hand-written, 1 event", Scenario(PUBLISH, 1), Scenario(BY_HAND, 1), 0.95),
+    ("publish / hand-written, 10 events", Scenario(PUBLISH, 10), Scenario(BY_HAND, 10), 0.95),
+    ("publish / plain, 1 event", Scenario(PUBLISH, 1), Scenario(PLAIN, 0), None),
+    ("publish / plain, 10 events", Scenario(PUBLISH, 10), Scenario(PLAIN, 0), None),
+    ("hand-written / plain, 1 event", Scenario(BY_HAND, 1), Scenario(PLAIN, 0), None),
+    ("hand-written / plain, 10 events", Scenario(BY_HAND, 10), Scenario(PLAIN, 0), None),
+    ("publish / no trigger, 1 event", Scenario(PUBLISH, 1), Scenario(NO_TRIGGER, 1), None),
+    ("publish / no trigger, 10 events", Scenario(PUBLISH, 10), Scenario(NO_TRIGGER, 10), None),
+    ("execute / plain, 1 event", Scenario(EXECUTE, 1), Scenario(PLAIN, 0), 0.90),
+    ("execute / plain, 10 events", Scenario(EXECUTE, 10), Scenario(PLAIN, 0), None),
+    (
+        "publish, pipeline / plain, pipeline, 1 event",
+        Scenario(PIPELINE, 1),
+        Scenario(PIPELINE, 0),
+        0.90,
+    ),
+    (
+        "publish, pipeline / plain, pipeline, 10 events",
+        Scenario(PIPELINE, 10),
+        Scenario(PIPELINE, 0),
+        None,
+    ),
 ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Outbox cost on a business transaction.")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
+    parser.add_argument("--seconds", type=float, default=2.0, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved repetitions")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--json", help="also write the figures to this JSON file")
     arguments = parser.parse_args()
+    results = Results("sdk_publish", arguments.json)
 
     cluster = PostgresCluster()
     conninfo = prepare(cluster)
@@ -172,34 +266,40 @@ def main() -> None:
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}; PostgreSQL {server[0]} on loopback, fsync={fsync[0]}; "
-        f"psycopg {psycopg.__version__}"
+        f"psycopg {psycopg.__version__}; load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{arguments.rounds} rounds x {arguments.seconds:.0f} s per figure; median shown\n")
-    header = (
-        f"{'clients':>7}  {'style':<18} {'plain tx/s':>10} {'+1 event':>9} {'ratio':>6} "
-        f"{'+10 events':>11} {'ratio':>6}"
+    print(f"{arguments.rounds} rounds x {arguments.seconds:g} s per figure; median shown\n")
+    results.figures.update(
+        postgres=server[0], seconds=arguments.seconds, rounds=arguments.rounds, clients={}
     )
-    print(header)
-    print("-" * len(header))
     for clients in arguments.clients:
         samples: dict[Scenario, list[float]] = {scenario: [] for scenario in SCENARIOS}
         for _ in range(arguments.rounds):
             for scenario in SCENARIOS:
                 samples[scenario].append(measure(conninfo, scenario, clients, arguments.seconds))
         median = {scenario: statistics.median(values) for scenario, values in samples.items()}
-        for style, plain_style in (
-            ("publish", "publish"),
-            ("execute", "publish"),
-            ("publish, pipeline", "publish, pipeline"),
-        ):
-            plain = median[Scenario(plain_style, 0)]
-            one, ten = median[Scenario(style, 1)], median[Scenario(style, 10)]
-            print(
-                f"{clients:>7}  {style:<18} {plain:>10,.0f} {one:>9,.0f} {one / plain:>6.2f} "
-                f"{ten:>11,.0f} {ten / plain:>6.2f}"
-            )
-    print("\ntargets: one event >= 0.90x plain; ten events >= 0.80x plain")
+        print(f"{clients} client{'s' if clients > 1 else ''}:")
+        for scenario in SCENARIOS:
+            print(f"  {scenario.label:<34} {median[scenario]:>9,.0f} tx/s")
+        ratios = {}
+        for name, numerator, denominator, target in RATIOS:
+            ratio = median[numerator] / median[denominator]
+            ratios[name] = {"ratio": round(ratio, 3), "target": target}
+            verdict = "" if target is None else f"   target >= {target:.2f}"
+            if target is not None:
+                verdict += "  met" if ratio >= target else "  MISSED"
+            print(f"  {name:<46} {ratio:>5.2f}{verdict}")
+        print()
+        results.figures["clients"][str(clients)] = {
+            "tx_per_second": {scenario.label: round(median[scenario], 1) for scenario in SCENARIOS},
+            "samples": {
+                scenario.label: [round(value, 1) for value in samples[scenario]]
+                for scenario in SCENARIOS
+            },
+            "ratios": ratios,
+        }
     cluster.drop_database(DATABASE)
+    results.write()
 
 
 if __name__ == "__main__":

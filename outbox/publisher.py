@@ -29,7 +29,7 @@ from outbox.core.errors import (
     UnsupportedTransactionError,
 )
 from outbox.core.event import Event, PublishResult
-from outbox.core.lake_contract import payload_problems
+from outbox.core.lake_contract import payload_problems, scalar_problem
 from outbox.core.protocol import Rows, attached_batch, delete_expired, publish_events
 from outbox.core.statements import OutboxStatements, Statement
 from outbox.settings import OutboxSettings
@@ -80,7 +80,10 @@ class _OutboxBase:
             strict = mode == "strict" or event.aggregate_type in strict_types
             if mode == "off" and not strict:
                 continue
-            problems = payload_problems(_plain_payload(event.payload))
+            payload = _plain_payload(event.payload)
+            if _fits_lake(payload):
+                continue
+            problems = payload_problems(payload)
             if not problems:
                 continue
             message = (
@@ -103,6 +106,32 @@ class _OutboxBase:
 
 
 _BATCH_PARAMETER = "outbox_batch"
+
+
+def _fits_lake(payload: Any) -> bool:
+    """A quick yes for the usual payload, same answer as ``not payload_problems(payload)``.
+
+    Field names are checked once per set of names (an application has a few payload shapes);
+    only the values, whose problems depend on the value, are looked at on every call.
+    """
+    if not isinstance(payload, Mapping):
+        return False
+    names = tuple(payload)
+    if not _names_fit_lake(names):
+        return False
+    for name, value in payload.items():
+        kind = type(value)
+        if kind is str and value.isascii() or kind is bool or value is None:
+            continue  # never a problem
+        if scalar_problem(name, value) is not None:
+            return False
+    return True
+
+
+@lru_cache(maxsize=1024)
+def _names_fit_lake(names: tuple[Any, ...]) -> bool:
+    # None has no scalar problem: what is left are the names' own problems and clashes.
+    return not payload_problems(dict.fromkeys(names))
 
 
 def _plain_payload(payload: Any) -> Any:

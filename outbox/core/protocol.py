@@ -87,6 +87,18 @@ def _rows(events: Sequence[Event], max_payload_bytes: int) -> list[EventRow]:
     ]
 
 
+def _row_params(row: EventRow) -> dict[str, Any]:
+    return {
+        "id": row.event_id,
+        "aggregatetype": row.aggregate_type,
+        "aggregateid": row.aggregate_id,
+        "type": row.event_type,
+        "payload": row.payload,
+        "headers": row.headers,
+        "traceparent": row.traceparent,
+    }
+
+
 def publish_events(
     statements: OutboxStatements,
     events: Sequence[Event],
@@ -99,6 +111,10 @@ def publish_events(
     if not plan.events:
         return []
     rows = _rows(in_lock_order(plan.events), max_payload_bytes)
+    if len(rows) == 1 and rows[0].dedup_key is None:
+        # The commonest call: one row, its values bound as they are (no batch to take apart).
+        yield Statement(statements.insert_event, _row_params(rows[0]), Result.NOTHING)
+        return [PublishResult(events[0].event_id)]
     batch = encode_batch(rows)
     if not any(row.dedup_key is not None for row in rows):
         # No key: the outcome is known, so rows are not fetched and a pipelined

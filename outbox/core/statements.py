@@ -1,8 +1,9 @@
 """SQL text for every statement the SDK runs. Builds statements; never runs them.
 
 Templates use psycopg's ``%(name)s`` parameters; :func:`to_named_style` gives the ``:name``
-form SQLAlchemy's ``text()`` takes. A batch of any size is one statement whose rows travel
-as a single JSON array parameter, taken apart by ``jsonb_to_recordset``.
+form SQLAlchemy's ``text()`` takes. A batch of two or more events is one statement whose
+rows travel as a single JSON array parameter, taken apart by ``jsonb_to_recordset``; one event
+is a plain ``INSERT ... VALUES`` (measured faster for one row: benchmarks/sdk_publish.py).
 """
 
 from __future__ import annotations
@@ -105,6 +106,16 @@ class OutboxStatements:
     """All SQL of the SDK for one set of table names."""
 
     tables: OutboxTables
+
+    @cached_property
+    def insert_event(self) -> str:
+        """Insert one row (the commonest publish): plain VALUES, the shape a hand-written
+        INSERT has, which the server plans and runs faster than taking a batch apart."""
+        return (
+            f"INSERT INTO {self.tables.qualified_outbox} ({_COLUMNS})\n"
+            "VALUES (%(id)s, %(aggregatetype)s, %(aggregateid)s, %(type)s,\n"
+            "        CAST(%(payload)s AS jsonb), CAST(%(headers)s AS jsonb), %(traceparent)s)"
+        )
 
     @cached_property
     def insert_events(self) -> str:
