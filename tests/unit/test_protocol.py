@@ -51,7 +51,34 @@ def test_a_batch_without_keys_is_one_statement_that_waits_for_nothing() -> None:
     assert not any(r.duplicate for r in results)
 
 
-@pytest.mark.parametrize("size", [1, 4, 100])
+def test_one_event_is_one_row_of_values_carrying_every_field() -> None:
+    event = Event(
+        "order",
+        "id-1-é",
+        "E",
+        {"text": 'é"\\'},
+        headers={"tenant": 'a"b'},
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )
+    seen, results = publish([event], [[]])
+    assert len(seen) == 1 and seen[0].result is Result.NOTHING
+    assert seen[0].sql == STATEMENTS.insert_event
+    assert seen[0].params == {
+        "id": event.event_id,
+        "aggregatetype": "order",
+        "aggregateid": "id-1-é",
+        "type": "E",
+        "payload": json.dumps(event.payload, ensure_ascii=False, separators=(",", ":")),
+        "headers": json.dumps(dict(event.headers), separators=(",", ":")),
+        "traceparent": event.traceparent,
+    }
+    assert [r.event_id for r in results] == [event.event_id]
+    untraced = Event("order", "1", "E", {})
+    seen, _ = publish([untraced], [[]])
+    assert seen[0].params["traceparent"] == "" and seen[0].params["headers"] == "{}"
+
+
+@pytest.mark.parametrize("size", [2, 4, 100])
 def test_the_batch_carries_every_field_in_lock_order(size: int) -> None:
     events = [
         Event(
