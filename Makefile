@@ -36,9 +36,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy outbox cli stack migrations connect relay lake reconcile examples
 
-## bench: the SDK benchmark (prints figures and ratios)
+## bench: every benchmark, then docs/benchmarks.md with plots and JSON results (ARGS=--quick: smoke sizes)
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.sdk_publish
+	$(BIN)/python -m benchmarks.report $(ARGS)
 
 stack-down: $(STAMP)
 	$(BIN)/outbox stack down

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from kafka import KafkaConsumer
 
 import migrations
+from benchmarks._results import Results
 from benchmarks._shared import paced_writes, percentile
 from connect import ConnectClient, ConnectorSettings, render_connector_config
 from outbox import Event, Outbox, OutboxSettings
@@ -181,7 +182,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--latency-only", action="store_true")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
     arguments = parser.parse_args()
+    results = Results("cdc_throughput", arguments.json)
 
     stack = LocalStack()
     stack.up()
@@ -251,6 +254,12 @@ def main() -> None:
         print(
             f"ratio (router / raw)         : {with_router / without_router:>9.2f}   target >= 0.9"
         )
+        results.figures.update(
+            events=arguments.events,
+            router_events_per_second=round(with_router, 1),
+            raw_events_per_second=round(without_router, 1),
+            ratio=round(with_router / without_router, 3),
+        )
     latencies = measure_latency(stack, conninfo, routed, routed_config, arguments.seconds)
     print(
         f"commit-to-broker latency at 1,000 events/s over {arguments.seconds:.0f} s "
@@ -258,7 +267,12 @@ def main() -> None:
         f"p95 {percentile(latencies, 0.95) * 1000:.0f} ms, "
         f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms   target p99 < 1000 ms"
     )
+    results.figures["commit_to_broker_seconds_at_1000"] = {
+        name: round(percentile(latencies, fraction), 3)
+        for name, fraction in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+    }
     drop_slots(cluster.conninfo("postgres"), [routed.slot_name, raw.slot_name])
+    results.write()
 
 
 if __name__ == "__main__":

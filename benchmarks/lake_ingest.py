@@ -35,6 +35,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from kafka import KafkaProducer
 
+from benchmarks._results import Results
 from benchmarks._shared import fresh_database, paced_writes, percentile, postgres_and_broker
 from lake.delta_sink import EVENTS_SCHEMA, DeltaSink, parsed_frame
 from lake.job import run_ingest, spark_session
@@ -213,7 +214,9 @@ def main() -> None:
     parser.add_argument("--small-rows", type=int, default=100_000)
     parser.add_argument("--big-rows", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--json", help="also write the figures to this JSON file")
     arguments = parser.parse_args()
+    results = Results("lake_ingest", arguments.json)
 
     stack = postgres_and_broker()
     bootstrap = stack.bootstrap_servers
@@ -246,12 +249,22 @@ def main() -> None:
         print(f"ingest, plain append        : {appended:>9,.0f} events/s")
         print(f"ingest, with dedup          : {deduped:>9,.0f} events/s")
         print(f"dedup time / append time    : {appended / deduped:>9.2f}   target <= 1.5")
+        results.figures.update(
+            events=arguments.events,
+            append_events_per_second=round(appended, 1),
+            dedup_events_per_second=round(deduped, 1),
+            dedup_over_append_time=round(appended / deduped, 3),
+        )
 
         small = batch_time(work / "small", arguments.small_rows)
         big = batch_time(work / "big", arguments.big_rows)
         print(f"10,000-event batch, table of {arguments.small_rows:>9,} rows: {small:6.2f} s")
         print(f"10,000-event batch, table of {arguments.big_rows:>9,} rows: {big:6.2f} s")
         print(f"ratio                       : {big / small:>9.2f}   target <= 1.2")
+        results.figures["batch_seconds_by_table_rows"] = {
+            str(arguments.small_rows): round(small, 3),
+            str(arguments.big_rows): round(big, 3),
+        }
 
         database_root = stack.postgres
         url = fresh_database(stack, DATABASE)
@@ -264,10 +277,15 @@ def main() -> None:
             f"p50 {percentile(waits, 0.5):.2f} s, p95 {percentile(waits, 0.95):.2f} s   "
             "target p95 < 10 s"
         )
+        results.figures["commit_to_queryable_seconds_at_500"] = {
+            "p50": round(percentile(waits, 0.5), 3),
+            "p95": round(percentile(waits, 0.95), 3),
+        }
         database_root.drop_database(DATABASE)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
+    results.write()
 
 
 if __name__ == "__main__":

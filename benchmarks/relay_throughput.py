@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 from kafka import KafkaProducer
 
+from benchmarks._results import Results
 from benchmarks._shared import fresh_database, postgres_and_broker
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for
@@ -125,7 +126,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Polling relay vs bare producer.")
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", help="also write the figures to this JSON file")
     arguments = parser.parse_args()
+    results = Results("relay_throughput", arguments.json)
 
     stack = postgres_and_broker()
     cluster = stack.postgres
@@ -158,6 +161,13 @@ def main() -> None:
         + ")"
     )
     print(f"ratio relay / bare         : {relay_best / bare_best:>9.2f}   target >= 0.9")
+    results.figures.update(
+        events=arguments.events,
+        bare_producer_events_per_second=round(bare_best, 1),
+        relay_events_per_second=round(relay_best, 1),
+        ratio=round(relay_best / bare_best, 3),
+        target=0.9,
+    )
 
     # A transaction open all along: xmin held back, deleted rows stay, the floor cannot move.
     with psycopg.connect(conninfo) as holder:
@@ -173,7 +183,12 @@ def main() -> None:
     after = relay_drain(url, bootstrap, settings, arguments.events, conninfo)
     print(f"relay, transaction held open: {held:>9,.0f} events/s")
     print(f"relay, after it ended        : {after:>9,.0f} events/s")
+    results.figures.update(
+        relay_held_open_events_per_second=round(held, 1),
+        relay_after_events_per_second=round(after, 1),
+    )
     cluster.drop_database(DATABASE)
+    results.write()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,316 @@
+"""Render the benchmark page and its plots from the JSON results (no measuring here).
+
+Plots (matplotlib, PNG): events/s of each stage against its baseline, commit-to-queryable
+latency by offered rate, the SDK's transactions per second by way of writing, and lake batch
+time against table size. A figure whose benchmark did not run is left out, and the page says
+which results it lacks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+__all__ = ["render"]
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float | int):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _machine(results: dict[str, Any]) -> str:
+    lines = ["| benchmark | started (UTC) | cores | memory | load average before -> after | took |"]
+    lines.append("| --- | --- | --- | --- | --- | --- |")
+    for name, data in results.items():
+        before, after = data.get("machine_before", {}), data.get("machine_after", {})
+        load = f"{before.get('load_average', ['?'])[0]} -> {after.get('load_average', ['?'])[0]}"
+        lines.append(
+            f"| {name} | {data.get('started_at', '?')} | {before.get('cores')} | "
+            f"{before.get('memory_gib')} GiB | {load} | {data.get('seconds', '?')} s |"
+        )
+    return "\n".join(lines)
+
+
+def _sdk(data: dict[str, Any], folder: Path) -> str:
+    figures = data["figures"]
+    parts = [
+        "## Write path: the SDK in a business transaction (`benchmarks/sdk_publish.py`)",
+        "",
+        f"Median of {figures['rounds']} interleaved rounds of {figures['seconds']} s; "
+        "PostgreSQL with fsync on. The hand-written peer is an INSERT of the same row into a "
+        "Debezium-style outbox table (no trigger), in the same transaction.",
+        "",
+    ]
+    clients = figures["clients"]
+    fig, axes = plt.subplots(1, len(clients), figsize=(6 * len(clients), 4.5), squeeze=False)
+    for axis, (count, block) in zip(axes[0], clients.items(), strict=True):
+        labels = list(block["tx_per_second"])
+        axis.barh(labels, [block["tx_per_second"][label] for label in labels], color="#4c72b0")
+        axis.invert_yaxis()
+        axis.set_title(f"{count} client(s): transactions/s")
+        axis.tick_params(axis="y", labelsize=8)
+        parts += [f"**{count} client(s)**", "", "| scenario | tx/s |", "| --- | ---: |"]
+        parts += [f"| {label} | {_fmt(value)} |" for label, value in block["tx_per_second"].items()]
+        parts += ["", "| ratio | value | target |", "| --- | ---: | --- |"]
+        for name, ratio in block["ratios"].items():
+            target = ratio["target"]
+            verdict = (
+                ""
+                if target is None
+                else f">= {target} " + ("met" if ratio["ratio"] >= target else "**missed**")
+            )
+            parts.append(f"| {name} | {ratio['ratio']:.2f} | {verdict} |")
+        parts.append("")
+    fig.tight_layout()
+    fig.savefig(folder / "sdk_publish.png", dpi=90)
+    plt.close(fig)
+    parts += ["![SDK transactions per second](benchmarks/sdk_publish.png)", ""]
+    return "\n".join(parts)
+
+
+def _stages(results: dict[str, Any], folder: Path) -> str:
+    pairs: list[tuple[str, float, float, str]] = []  # stage, measured, baseline, baseline name
+    if (
+        "cdc_throughput" in results
+        and "router_events_per_second" in results["cdc_throughput"]["figures"]
+    ):
+        f = results["cdc_throughput"]["figures"]
+        pairs.append(
+            (
+                "CDC (Event Router)",
+                f["router_events_per_second"],
+                f["raw_events_per_second"],
+                "raw change events",
+            )
+        )
+    if "relay_throughput" in results:
+        f = results["relay_throughput"]["figures"]
+        pairs.append(
+            (
+                "polling relay",
+                f["relay_events_per_second"],
+                f["bare_producer_events_per_second"],
+                "bare producer",
+            )
+        )
+    if "lake_ingest" in results and "dedup_events_per_second" in results["lake_ingest"]["figures"]:
+        f = results["lake_ingest"]["figures"]
+        pairs.append(
+            (
+                "lake ingest (dedup)",
+                f["dedup_events_per_second"],
+                f["append_events_per_second"],
+                "plain append",
+            )
+        )
+    if not pairs:
+        return ""
+    fig, axis = plt.subplots(figsize=(8, 4))
+    positions = range(len(pairs))
+    axis.bar([p - 0.2 for p in positions], [p[1] for p in pairs], 0.4, label="stage")
+    axis.bar([p + 0.2 for p in positions], [p[2] for p in pairs], 0.4, label="its baseline")
+    axis.set_xticks(list(positions), [f"{p[0]}\nvs {p[3]}" for p in pairs], fontsize=8)
+    axis.set_ylabel("events/s")
+    axis.legend()
+    axis.set_title("Events per second of each stage against its baseline")
+    fig.tight_layout()
+    fig.savefig(folder / "stages.png", dpi=90)
+    plt.close(fig)
+    lines = [
+        "## Each stage against its baseline",
+        "",
+        "| stage | events/s | baseline | events/s | ratio |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    lines += [
+        f"| {stage} | {_fmt(measured)} | {name} | {_fmt(base)} | {measured / base:.2f} |"
+        for stage, measured, base, name in pairs
+    ]
+    return "\n".join([*lines, "", "![stages](benchmarks/stages.png)", ""])
+
+
+def _lake(data: dict[str, Any], folder: Path) -> str:
+    f = data["figures"]
+    lines = ["## Lake ingest (`benchmarks/lake_ingest.py`)", ""]
+    if "dedup_events_per_second" in f:
+        lines.append(
+            f"Ingest of {_fmt(f['events'])} events already on Kafka: plain append "
+            f"{_fmt(f['append_events_per_second'])} events/s, with dedup "
+            f"{_fmt(f['dedup_events_per_second'])} events/s; dedup time / append time "
+            f"{f['dedup_over_append_time']:.2f} (target <= 1.5)."
+        )
+    sizes = f.get("batch_seconds_by_table_rows")
+    if sizes:
+        rows = sorted(sizes, key=int)
+        ratio = sizes[rows[-1]] / sizes[rows[0]]
+        lines.append(
+            "Batch of 10,000 new events: "
+            + ", ".join(f"{sizes[r]:.2f} s into a table of {int(r):,} rows" for r in rows)
+            + f"; ratio {ratio:.2f} (target <= 1.2)."
+        )
+        fig, axis = plt.subplots(figsize=(5, 3.5))
+        axis.plot([int(r) for r in rows], [sizes[r] for r in rows], marker="o")
+        axis.set_xscale("log")
+        axis.set_ylim(bottom=0)
+        axis.set_xlabel("rows already in events")
+        axis.set_ylabel("seconds per 10,000-event batch")
+        axis.set_title("Lake batch time against table size")
+        fig.tight_layout()
+        fig.savefig(folder / "lake_batch_time.png", dpi=90)
+        plt.close(fig)
+        lines += ["", "![batch time against table size](benchmarks/lake_batch_time.png)"]
+    waits = f.get("commit_to_queryable_seconds_at_500")
+    if waits:
+        lines.append(
+            f"\nCommit-to-queryable at 500 events/s (through the polling relay): p50 "
+            f"{waits['p50']:.2f} s, p95 {waits['p95']:.2f} s."
+        )
+    return "\n".join([*lines, ""])
+
+
+def _cdc(data: dict[str, Any]) -> str:
+    f = data["figures"]
+    lines = ["## CDC (`benchmarks/cdc_throughput.py`)", ""]
+    if "router_events_per_second" in f:
+        lines.append(
+            f"{_fmt(f['events'])} events in one transaction: with the Event Router "
+            f"{_fmt(f['router_events_per_second'])} events/s, raw change events "
+            f"{_fmt(f['raw_events_per_second'])} events/s (ratio {f['ratio']:.2f}, target >= 0.9)."
+        )
+    waits = f.get("commit_to_broker_seconds_at_1000")
+    if waits:
+        lines.append(
+            f"Commit-to-broker at 1,000 events/s: p50 {waits['p50'] * 1000:.0f} ms, p95 "
+            f"{waits['p95'] * 1000:.0f} ms, p99 {waits['p99'] * 1000:.0f} ms (target p99 < 1 s)."
+        )
+    return "\n".join([*lines, ""])
+
+
+def _relay(data: dict[str, Any]) -> str:
+    f = data["figures"]
+    return (
+        "## Polling relay (`benchmarks/relay_throughput.py`)\n\n"
+        f"Draining {_fmt(f['events'])} events: relay {_fmt(f['relay_events_per_second'])} "
+        f"events/s, bare kafka-python producer {_fmt(f['bare_producer_events_per_second'])} "
+        f"events/s on the same records: ratio {f['ratio']:.2f} (target >= {f['target']}). "
+        "With a transaction held open all along: "
+        f"{_fmt(f.get('relay_held_open_events_per_second'))} events/s; after it ended: "
+        f"{_fmt(f.get('relay_after_events_per_second'))} events/s.\n"
+    )
+
+
+def _pipeline(data: dict[str, Any], folder: Path) -> str:
+    f = data["figures"]
+    runs = f["runs"]
+    lines = [
+        "## The whole pipeline (`benchmarks/pipeline.py`)",
+        "",
+        "Writers commit at a fixed rate for the given time, through CDC (Debezium + Event "
+        "Router) to the broker and the lake job (continuous, trigger "
+        f"{f['trigger_seconds']:g} s). Latency: from `pg_xact_commit_timestamp` to the Delta "
+        "commit that made the event queryable. Events/s per stage over each stage's own "
+        "first-to-last span. CPU in cores (1.0 = one core busy) while the writers ran.",
+        "",
+        "| rate/s | keeps up | written/s | broker/s | lake/s | p50 s | p95 s | p99 s | "
+        "commit-to-broker p99 s | drain s | CPU (cores) | load |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for run in runs:
+        speed, waits = run["events_per_second"], run["commit_to_queryable_seconds"]
+        cpu = ", ".join(f"{name} {value:.2f}" for name, value in run["cpu_cores"].items())
+        lines.append(
+            f"| {run['rate']} | {'yes' if run['keeps_up'] else '**no**'} | "
+            f"{_fmt(speed['written'])} | {_fmt(speed['broker'])} | {_fmt(speed['lake'])} | "
+            f"{_fmt(waits['p50'], 2)} | {_fmt(waits['p95'], 2)} | {_fmt(waits['p99'], 2)} | "
+            f"{_fmt(run['commit_to_broker_seconds']['p99'], 2)} | {run['drain_seconds']} | "
+            f"{cpu} | {run['load_average']} |"
+        )
+    knee = f.get("knee")
+    lines += [
+        "",
+        f"Knee (first rate not kept up): **{knee if knee is not None else 'not reached'}**. "
+        "Targets (issue 15): 5,000 events/s kept up with p95 < 5 s; 1,000 events/s p95 < 2 s.",
+        "",
+    ]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [str(run["rate"]) for run in runs]
+    for key, style in (("p50", "o-"), ("p95", "s-"), ("p99", "^-")):
+        left.plot(
+            labels,
+            [run["commit_to_queryable_seconds"][key] or 0 for run in runs],
+            style,
+            label=key,
+        )
+    left.set_xlabel("offered rate (events/s)")
+    left.set_ylabel("commit-to-queryable (s)")
+    left.set_title("Latency by rate")
+    left.legend()
+    for stage in ("written", "broker", "lake"):
+        right.plot(labels, [run["events_per_second"][stage] for run in runs], "o-", label=stage)
+    right.set_xlabel("offered rate (events/s)")
+    right.set_ylabel("events/s")
+    right.set_title("Events per second per stage")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "pipeline.png", dpi=90)
+    plt.close(fig)
+    return "\n".join([*lines, "![pipeline latency and throughput](benchmarks/pipeline.png)", ""])
+
+
+def render(results: dict[str, Any], page: Path, folder: Path, *, quick: bool) -> Path:
+    """Write ``page`` and its PNGs in ``folder`` from ``results`` (benchmark -> JSON)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sections = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`python -m benchmarks.report`) from the JSON results in "
+        "`docs/benchmarks/results/`; do not edit by hand. "
+        + ("**Quick (smoke) sizes: these figures are not the published ones.** " if quick else "")
+        + "Each script's docstring says what it measures and how; run one alone with "
+        "`python -m benchmarks.<name>`.",
+        "",
+        "The machine is shared (other engineers' test runs): the load average before and "
+        "after each benchmark is given, and scenarios that are compared are interleaved in one "
+        "run so that the machine's state hits them alike.",
+        "",
+        "## Machine and commands",
+        "",
+        _machine(results),
+        "",
+        "Commands: "
+        + "; ".join(f"`{data['command'].split(' --json')[0]}`" for data in results.values()),
+        "",
+    ]
+    missing = [
+        name
+        for name in ("sdk_publish", "pipeline", "cdc_throughput", "lake_ingest", "relay_throughput")
+        if name not in results
+    ]
+    if missing:
+        sections += [f"No results for: {', '.join(missing)}.", ""]
+    if "pipeline" in results:
+        sections.append(_pipeline(results["pipeline"], folder))
+    if "sdk_publish" in results:
+        sections.append(_sdk(results["sdk_publish"], folder))
+    sections.append(_stages(results, folder))
+    if "cdc_throughput" in results:
+        sections.append(_cdc(results["cdc_throughput"]))
+    if "lake_ingest" in results:
+        sections.append(_lake(results["lake_ingest"], folder))
+    if "relay_throughput" in results:
+        sections.append(_relay(results["relay_throughput"]))
+    notes = Path(__file__).with_name("notes.md")
+    if notes.exists():
+        sections.append(notes.read_text())
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text("\n".join(section for section in sections if section is not None))
+    return page
