@@ -19,6 +19,7 @@ from outbox.core.errors import EventError
 from outbox.core.event import Event, PublishResult
 from outbox.core.payload import encode_json
 from outbox.core.statements import (
+    ROW_PARAMETERS,
     EventRow,
     OutboxStatements,
     Result,
@@ -26,7 +27,14 @@ from outbox.core.statements import (
     encode_batch,
 )
 
-__all__ = ["Rows", "attached_batch", "claim_message", "delete_expired", "publish_events"]
+__all__ = [
+    "Rows",
+    "attached_batch",
+    "attached_rows",
+    "claim_message",
+    "delete_expired",
+    "publish_events",
+]
 
 Rows = Sequence[Sequence[Any]]
 Operation = Generator[Statement, Rows, Any]
@@ -88,15 +96,7 @@ def _rows(events: Sequence[Event], max_payload_bytes: int) -> list[EventRow]:
 
 
 def _row_params(row: EventRow) -> dict[str, Any]:
-    return {
-        "id": row.event_id,
-        "aggregatetype": row.aggregate_type,
-        "aggregateid": row.aggregate_id,
-        "type": row.event_type,
-        "payload": row.payload,
-        "headers": row.headers,
-        "traceparent": row.traceparent,
-    }
+    return dict(zip(ROW_PARAMETERS, row.values(), strict=True))
 
 
 def publish_events(
@@ -148,8 +148,8 @@ def publish_events(
     return results
 
 
-def attached_batch(events: Sequence[Event], *, max_payload_bytes: int) -> str:
-    """The batch parameter for events that ride along with the caller's own statement.
+def attached_rows(events: Sequence[Event], *, max_payload_bytes: int) -> list[EventRow]:
+    """The rows of events that ride along with the caller's own statement, in lock order.
 
     Such a statement returns the caller's rows, not ours, so it cannot tell which dedup keys
     were live: events with a dedup key are refused here (publish them with ``publish``).
@@ -161,7 +161,12 @@ def attached_batch(events: Sequence[Event], *, max_payload_bytes: int) -> str:
                 f"events[{index}] has a dedup_key: execute() cannot report duplicates, so "
                 "publish events with dedup keys through publish() or publish_many()"
             )
-    return encode_batch(_rows(in_lock_order(plan.events), max_payload_bytes))
+    return _rows(in_lock_order(plan.events), max_payload_bytes)
+
+
+def attached_batch(events: Sequence[Event], *, max_payload_bytes: int) -> str:
+    """The batch parameter for events that ride along with the caller's own statement."""
+    return encode_batch(attached_rows(events, max_payload_bytes=max_payload_bytes))
 
 
 def claim_message(

@@ -19,6 +19,7 @@ from typing import Any
 from outbox.core.tables import OutboxTables
 
 __all__ = [
+    "ROW_PARAMETERS",
     "EventRow",
     "OutboxStatements",
     "Result",
@@ -68,6 +69,17 @@ _BATCH = _BATCH_TEMPLATE.format(batch="%(batch)s")
 _LEADING_WITH = re.compile(r"\s*WITH\s", re.IGNORECASE)
 
 
+def _with_insert(query: str, insert: str) -> str:
+    leading_with = _LEADING_WITH.match(query)
+    if leading_with is not None:
+        return f"WITH outbox_events AS ({insert}),\n{query[leading_with.end() :]}"
+    return f"WITH outbox_events AS ({insert})\n{query}"
+
+
+# The values of one row, in column order: the parameter names of the one-row statements.
+ROW_PARAMETERS = ("id", "aggregatetype", "aggregateid", "type", "payload", "headers", "traceparent")
+
+
 @dataclass(frozen=True, slots=True)
 class EventRow:
     """One outbox row as bound into SQL: payload and headers already JSON text."""
@@ -80,6 +92,18 @@ class EventRow:
     headers: str
     traceparent: str | None
     dedup_key: str | None
+
+    def values(self) -> tuple[Any, ...]:
+        """The row's values for the one-row statements, in :data:`ROW_PARAMETERS` order."""
+        return (
+            self.event_id,
+            self.aggregate_type,
+            self.aggregate_id,
+            self.event_type,
+            self.payload,
+            self.headers,
+            self.traceparent,
+        )
 
 
 def _quoted(text: str | None) -> str:
@@ -111,11 +135,7 @@ class OutboxStatements:
     def insert_event(self) -> str:
         """Insert one row (the commonest publish): plain VALUES, the shape a hand-written
         INSERT has, which the server plans and runs faster than taking a batch apart."""
-        return (
-            f"INSERT INTO {self.tables.qualified_outbox} ({_COLUMNS})\n"
-            "VALUES (%(id)s, %(aggregatetype)s, %(aggregateid)s, %(type)s,\n"
-            "        CAST(%(payload)s AS jsonb), CAST(%(headers)s AS jsonb), %(traceparent)s)"
-        )
+        return self._insert_values(tuple(f"%({name})s" for name in ROW_PARAMETERS))
 
     @cached_property
     def insert_events(self) -> str:
@@ -137,10 +157,23 @@ class OutboxStatements:
             f"SELECT {_COLUMNS} FROM {_BATCH_TEMPLATE.format(batch=batch_placeholder)}\n"
             f"ORDER BY ord"
         )
-        leading_with = _LEADING_WITH.match(query)
-        if leading_with is not None:
-            return f"WITH outbox_events AS ({insert}),\n{query[leading_with.end() :]}"
-        return f"WITH outbox_events AS ({insert})\n{query}"
+        return _with_insert(query, insert)
+
+    def with_event(self, query: str, placeholders: Sequence[str]) -> str:
+        """``query`` preceded by a data-modifying CTE that inserts one row of VALUES;
+        ``placeholders`` name its values (in :data:`ROW_PARAMETERS` order) in the query's
+        parameter style."""
+        return _with_insert(query, self._insert_values(tuple(placeholders)))
+
+    def _insert_values(self, placeholders: tuple[str, ...]) -> str:
+        if len(placeholders) != len(ROW_PARAMETERS):
+            raise ValueError(f"{len(ROW_PARAMETERS)} placeholders expected")
+        id_, aggregate_type, aggregate_id, type_, payload, headers, traceparent = placeholders
+        return (
+            f"INSERT INTO {self.tables.qualified_outbox} ({_COLUMNS})\n"
+            f"VALUES ({id_}, {aggregate_type}, {aggregate_id}, {type_},\n"
+            f"        CAST({payload} AS jsonb), CAST({headers} AS jsonb), {traceparent})"
+        )
 
     @cached_property
     def insert_events_with_dedup(self) -> str:

@@ -364,6 +364,52 @@ def test_execute_rolls_back_with_the_callers_statement(database: ScratchDatabase
     assert counts(database, note) == (0, 0)
 
 
+def test_one_event_is_written_alike_by_execute_and_publish(database: ScratchDatabase) -> None:
+    note = uuid.uuid4().hex
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+    def event(n: int) -> Event:
+        return Event(
+            "order",
+            note,
+            "Placed",
+            {"n": n, "é": 'a"b'},
+            headers={"t": "x"},
+            traceparent=traceparent,
+        )
+
+    attached, published, named = event(1), event(2), event(3)
+    outbox = Outbox()
+    with psycopg.connect(database.conninfo) as connection:
+        with connection.transaction():
+            outbox.execute(
+                connection, "INSERT INTO app_orders (note) VALUES (%s)", (note,), events=[attached]
+            )
+            outbox.publish(connection, published)
+            outbox.execute(
+                connection,
+                "INSERT INTO app_orders (note) VALUES (%(note)s)",
+                {"note": note},
+                events=[named],
+            )
+        with pytest.raises(EventError, match="outbox_payload"), connection.transaction():
+            outbox.execute(
+                connection, "SELECT %(outbox_payload)s", {"outbox_payload": 1}, events=[event(4)]
+            )
+    with database.connect() as connection:
+        rows = connection.execute(
+            "SELECT id, type, payload, headers, traceparent FROM outbox.outbox "
+            "WHERE aggregateid = %s ORDER BY position",
+            (note,),
+        ).fetchall()
+    expected = [
+        (e.event_id, "Placed", e.payload, {"t": "x"}, traceparent)
+        for e in (attached, published, named)
+    ]
+    assert rows == expected
+    assert counts(database, note) == (2, 3)
+
+
 async def test_async_execute_and_its_refusals(database: ScratchDatabase, engine: sa.Engine) -> None:
     note = uuid.uuid4().hex
     outbox = AsyncOutbox()
