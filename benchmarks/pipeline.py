@@ -242,7 +242,7 @@ def wait_landed(
         if wanted.issubset(follower.queryable_at.keys()):
             break
         if lake.poll() is not None:
-            raise RuntimeError(f"the lake job stopped (exit {lake.returncode}); see its log")
+            raise RuntimeError(f"the lake job stopped (exit {lake.returncode})")
         time.sleep(0.5)  # polling a folder: there is no event to await
     return time.monotonic() - started
 
@@ -341,6 +341,10 @@ def main() -> None:
             "(targets: 5,000/s kept up with p95 < 5 s; 1,000/s p95 < 2 s)"
         )
         results.figures.update(runs=runs, knee=knee, trigger_seconds=LakeSettings().trigger_seconds)
+    except Exception:
+        log = (work / "lake.log").read_text(errors="replace").splitlines()
+        print("the lake job's log ends with:\n" + "\n".join(log[-40:]))
+        raise
     finally:
         consumer.close()
         lake.send_signal(signal.SIGTERM)
