@@ -30,7 +30,7 @@ def _fmt(value: Any, digits: int = 0) -> str:
 def _machine(results: dict[str, Any]) -> str:
     lines = ["| benchmark | started (UTC) | cores | memory | load average before -> after | took |"]
     lines.append("| --- | --- | --- | --- | --- | --- |")
-    for name, data in results.items():
+    for name, data in sorted(results.items(), key=lambda item: item[1].get("started_at", "")):
         before, after = data.get("machine_before", {}), data.get("machine_after", {})
         load = f"{before.get('load_average', ['?'])[0]} -> {after.get('load_average', ['?'])[0]}"
         lines.append(
