@@ -45,9 +45,10 @@ def _sdk(data: dict[str, Any], folder: Path) -> str:
     parts = [
         "## Write path: the SDK in a business transaction (`benchmarks/sdk_publish.py`)",
         "",
-        f"Median of {figures['rounds']} interleaved rounds of {figures['seconds']} s; "
-        "PostgreSQL with fsync on. The hand-written peer is an INSERT of the same row into a "
-        "Debezium-style outbox table (no trigger), in the same transaction.",
+        f"Every scenario in turn, one transaction each, for {figures['seconds']:g} s; the "
+        f"median of the {figures.get('round_seconds', '?')}-second rounds. PostgreSQL with "
+        "fsync on. The hand-written peer is an INSERT of the same row into a Debezium-style "
+        "outbox table (no trigger), in the same transaction.",
         "",
     ]
     clients = figures["clients"]

@@ -27,7 +27,7 @@ __all__ = ["BENCHMARKS", "main"]
 
 # name -> (full-size arguments, quick arguments)
 BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
-    "sdk_publish": ([], ["--seconds", "1", "--rounds", "1", "--clients", "1"]),
+    "sdk_publish": ([], ["--seconds", "12", "--round-seconds", "3", "--clients", "1"]),
     "cdc_throughput": ([], ["--events", "5000", "--seconds", "5"]),
     "relay_throughput": ([], ["--events", "5000", "--rounds", "1"]),
     "lake_ingest": (

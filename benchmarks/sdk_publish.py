@@ -18,11 +18,15 @@ process and one connection each). The ways of writing the events:
 - ``publish, pipeline``: ``publish`` on a connection in pipeline mode (the plain transaction
   is pipelined too). ``publish`` does not wait, so the events travel with the COMMIT.
 
-Scenarios are interleaved in rounds so that drift of the machine hits them all alike; the
-median of the rounds is shown, with the ratios the targets are about.
+Scenarios are interleaved transaction by transaction: each client runs every scenario in
+turn, one transaction each (the order rotates every cycle), so that the machine's drift (it
+is shared: a commit's flush takes from 0.3 to several ms depending on the others' load) hits
+them all alike. A scenario's rate in a round is the number of clients divided by the median
+time of its transactions in that round; the median of the rounds is shown, with the ratios
+the targets are about. With several clients, each runs the same mix at once.
 
-    python -m benchmarks.sdk_publish                    # about 8 minutes
-    python -m benchmarks.sdk_publish --seconds 1 --rounds 1 --clients 1   # smoke
+    python -m benchmarks.sdk_publish                    # about 5 minutes
+    python -m benchmarks.sdk_publish --seconds 12 --round-seconds 3 --clients 1   # smoke
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import psycopg
@@ -128,52 +131,80 @@ def body_of(scenario: Scenario) -> Body:
 
 def client(
     conninfo: str,
-    scenario: Scenario,
     seconds: float,
+    round_seconds: float,
     start_at: float,
     offset: int,
     results: multiprocessing.Queue,  # type: ignore[type-arg]
 ) -> None:
-    body = body_of(scenario)
-    done = 0
+    """Run every scenario in turn, one transaction each, for ``seconds``; send back, per
+    round of ``round_seconds`` and per scenario, the seconds each transaction took."""
+    bodies = [body_of(scenario) for scenario in SCENARIOS]
+    spent: dict[tuple[int, int], list[float]] = {}
     with (
-        psycopg.connect(conninfo) as connection,
-        connection.pipeline() if scenario.pipeline else nullcontext(),
+        psycopg.connect(conninfo) as plain,
+        psycopg.connect(conninfo) as pipelined,
+        pipelined.pipeline(),
     ):
+        connections = [pipelined if s.pipeline else plain for s in SCENARIOS]
         for number in range(20):  # warm up: prepared statements, caches
-            with connection.transaction():
-                body(connection, offset + number)
+            for body, connection in zip(bodies, connections, strict=True):
+                with connection.transaction():
+                    body(connection, offset + number)
         while time.time() < start_at:
             time.sleep(0.001)
-        deadline = start_at + seconds
         number = offset + 1000
-        while time.time() < deadline:
-            with connection.transaction():
-                body(connection, number)
-            number += 1
-            done += 1
-    results.put(done)
+        cycle = 0
+        while (now := time.time()) < start_at + seconds:
+            round_number = int((now - start_at) / round_seconds)
+            # Rotate the order, so that no scenario always follows the same one.
+            for index in range(len(SCENARIOS)):
+                which = (index + cycle) % len(SCENARIOS)
+                connection = connections[which]
+                started = time.perf_counter()
+                with connection.transaction():
+                    bodies[which](connection, number)
+                spent.setdefault((round_number, which), []).append(time.perf_counter() - started)
+                number += 1
+            cycle += 1
+    results.put(spent)
 
 
-def measure(conninfo: str, scenario: Scenario, clients: int, seconds: float) -> float:
-    # Every measurement starts right after a checkpoint, so the full-page writes that follow
-    # one fall on every scenario alike instead of on whichever runs when one happens.
+def measure(
+    conninfo: str, clients: int, seconds: float, round_seconds: float
+) -> dict[Scenario, list[float]]:
+    """Transactions per second of each scenario, one figure per round: ``clients`` divided
+    by the median time of the scenario's transactions in that round (a closed loop; the
+    median, because a flush stalled by another process's I/O would otherwise decide the
+    figure of whichever scenario it fell on)."""
     with psycopg.connect(conninfo, autocommit=True) as connection:
         connection.execute("CHECKPOINT")
     results: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-    start_at = time.time() + 1.0
+    start_at = time.time() + 2.0
     processes = [
         multiprocessing.Process(
-            target=client, args=(conninfo, scenario, seconds, start_at, n * 10_000_000, results)
+            target=client,
+            args=(conninfo, seconds, round_seconds, start_at, n * 10_000_000, results),
         )
         for n in range(clients)
     ]
     for process in processes:
         process.start()
-    total = sum(results.get(timeout=seconds + 60) for _ in processes)
+    merged: dict[tuple[int, int], list[float]] = {}
+    for _ in processes:
+        for key, took in results.get(timeout=seconds + 120).items():
+            merged.setdefault(key, []).extend(took)
     for process in processes:
         process.join(timeout=30)
-    return total / seconds
+    rounds = sorted({round_number for round_number, _ in merged})
+    return {
+        scenario: [
+            clients / statistics.median(merged[(r, which)])
+            for r in rounds
+            if len(merged.get((r, which), ())) >= 3
+        ]
+        for which, scenario in enumerate(SCENARIOS)
+    }
 
 
 def prepare(cluster: PostgresCluster) -> str:
@@ -254,8 +285,8 @@ FASTEST = ("fastest documented way / plain, 1 event", None, None, 0.90)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Outbox cost on a business transaction.")
-    parser.add_argument("--seconds", type=float, default=1.5, help="per measurement")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved repetitions")
+    parser.add_argument("--seconds", type=float, default=120.0, help="per client count")
+    parser.add_argument("--round-seconds", type=float, default=4.0, help="one figure per round")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--json", help="also write the figures to this JSON file")
     arguments = parser.parse_args()
@@ -272,15 +303,18 @@ def main() -> None:
         f"{platform.python_version()}; PostgreSQL {server[0]} on loopback, fsync={fsync[0]}; "
         f"psycopg {psycopg.__version__}; load average {os.getloadavg()[0]:.1f}"
     )
-    print(f"{arguments.rounds} rounds x {arguments.seconds:g} s per figure; median shown\n")
+    print(
+        f"every scenario in turn, one transaction each, for {arguments.seconds:g} s; "
+        f"median of the {arguments.round_seconds:g}-second rounds shown\n"
+    )
     results.figures.update(
-        postgres=server[0], seconds=arguments.seconds, rounds=arguments.rounds, clients={}
+        postgres=server[0],
+        seconds=arguments.seconds,
+        round_seconds=arguments.round_seconds,
+        clients={},
     )
     for clients in arguments.clients:
-        samples: dict[Scenario, list[float]] = {scenario: [] for scenario in SCENARIOS}
-        for _ in range(arguments.rounds):
-            for scenario in SCENARIOS:
-                samples[scenario].append(measure(conninfo, scenario, clients, arguments.seconds))
+        samples = measure(conninfo, clients, arguments.seconds, arguments.round_seconds)
         median = {scenario: statistics.median(values) for scenario, values in samples.items()}
         print(f"{clients} client{'s' if clients > 1 else ''}:")
         for scenario in SCENARIOS:

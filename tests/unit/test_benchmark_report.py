@@ -81,7 +81,7 @@ def test_the_report_renders_every_section_and_plot(tmp_path: Path) -> None:
             "command": "python -m benchmarks.sdk_publish",
             "machine_before": machine,
             "figures": {
-                "rounds": 1,
+                "round_seconds": 1,
                 "seconds": 1,
                 "clients": {
                     "1": {
