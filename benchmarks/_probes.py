@@ -86,6 +86,7 @@ class CpuMeter:
     _processes: dict[str, psutil.Process] = field(default_factory=dict)
     _started: dict[str, float] = field(default_factory=dict)
     _wall: float = 0.0
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     def start(self) -> None:
         self._processes = {name: psutil.Process(pid) for name, pid in self.pids.items()}
@@ -95,10 +96,11 @@ class CpuMeter:
     def stop(self) -> dict[str, float]:
         """Cores used by each tree over the interval (1.0: one core all the time)."""
         wall = time.monotonic() - self._wall
-        return {
-            name: round((_tree_seconds(process) - self._started[name]) / wall, 2)
+        self.cpu_seconds = {
+            name: _tree_seconds(process) - self._started[name]
             for name, process in self._processes.items()
         }
+        return {name: round(seconds / wall, 2) for name, seconds in self.cpu_seconds.items()}
 
 
 def own_cpu_seconds() -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,23 +35,36 @@ def test_the_follower_dates_each_event_by_the_commit_that_added_it(tmp_path: Pat
     assert [(version, rows) for version, _, rows in follower.commits] == [(0, 2), (1, 1)]
 
 
-def test_the_cpu_meter_counts_a_busy_child_and_its_reaped_children(tmp_path: Path) -> None:
-    busy = (
+def test_the_cpu_meter_counts_a_busy_child_and_its_reaped_children() -> None:
+    # The parent waits for "go", runs a child that burns 0.3 s of CPU and is reaped, says
+    # "done", and idles: all of the child's CPU falls between start and stop.
+    burn = "import time\nwhile time.process_time() < 0.3: pass"
+    parent_code = (
         "import subprocess, sys, time\n"
-        "subprocess.run([sys.executable, '-c', 'import time\\nend = time.time() + 0.6\\n"
-        "while time.time() < end: pass'])\n"
-        "time.sleep(30)\n"
+        "sys.stdin.readline()\n"
+        f"subprocess.run([sys.executable, '-c', {burn!r}])\n"
+        "print('done', flush=True)\n"
+        "time.sleep(60)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", busy])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
     try:
         meter = CpuMeter({"parent": parent.pid})
         meter.start()
-        time.sleep(1.5)  # a fixed interval is what is measured here
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "done"
         cores = meter.stop()
     finally:
         parent.kill()
         parent.wait(timeout=10)
-    assert 0.2 <= cores["parent"] <= 1.5, cores
+    assert 0.3 <= meter.cpu_seconds["parent"] < 5, meter.cpu_seconds
+    assert cores["parent"] > 0
 
 
 def test_the_report_renders_every_section_and_plot(tmp_path: Path) -> None:
