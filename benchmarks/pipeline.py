@@ -201,8 +201,6 @@ def summarise(
 
 def start_connector(stack: LocalStack) -> ConnectorSettings:
     client = ConnectClient(stack.connect.rest_url)
-    client.delete(CONNECTOR)  # left over by an interrupted run
-    drop_slots(stack.postgres.conninfo("postgres"), [f"slot_{CONNECTOR}"])
     settings = ConnectorSettings(
         url=stack.connect.rest_url,
         name=CONNECTOR,
@@ -268,6 +266,9 @@ def main() -> None:
 
     stack = LocalStack()
     stack.up()
+    # A connector left over by an interrupted run holds a slot on the database.
+    ConnectClient(stack.connect.rest_url).delete(CONNECTOR)
+    drop_slots(stack.postgres.conninfo("postgres"), [f"slot_{CONNECTOR}"])
     url = fresh_database(stack, DATABASE)
     engine = sa.create_engine(url)
     with engine.begin() as connection:
