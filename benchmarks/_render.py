@@ -209,6 +209,20 @@ def _relay(data: dict[str, Any]) -> str:
     )
 
 
+def _effects(data: dict[str, Any]) -> str:
+    f = data["figures"]
+    return (
+        "## Side-effect ledger (`benchmarks/effects_ledger.py`)\n\n"
+        f"{_fmt(f['steps'])} steps, one client: one-row insert and commit "
+        f"{_fmt(f['commits_per_second'])} tx/s; ledger with a no-op call "
+        f"{_fmt(f['ledger_noop_steps_per_second'])} steps/s; redelivery of a done step "
+        f"{_fmt(f['redelivered_done_steps_per_second'])} steps/s; bare HTTP call "
+        f"{_fmt(f['bare_http_calls_per_second'])} calls/s, through the ledger "
+        f"{_fmt(f['http_through_ledger_calls_per_second'])} calls/s "
+        f"({f['through_over_bare']:.2f}x the bare call).\n"
+    )
+
+
 def _pipeline(data: dict[str, Any], folder: Path) -> str:
     f = data["figures"]
     runs = f["runs"]
@@ -293,7 +307,14 @@ def render(results: dict[str, Any], page: Path, folder: Path, *, quick: bool) ->
     ]
     missing = [
         name
-        for name in ("sdk_publish", "pipeline", "cdc_throughput", "lake_ingest", "relay_throughput")
+        for name in (
+            "sdk_publish",
+            "pipeline",
+            "cdc_throughput",
+            "lake_ingest",
+            "relay_throughput",
+            "effects_ledger",
+        )
         if name not in results
     ]
     if missing:
@@ -309,6 +330,8 @@ def render(results: dict[str, Any], page: Path, folder: Path, *, quick: bool) ->
         sections.append(_lake(results["lake_ingest"], folder))
     if "relay_throughput" in results:
         sections.append(_relay(results["relay_throughput"]))
+    if "effects_ledger" in results:
+        sections.append(_effects(results["effects_ledger"]))
     notes = Path(__file__).with_name("notes.md")
     if notes.exists():
         sections.append(notes.read_text())

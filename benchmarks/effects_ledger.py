@@ -23,6 +23,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 import migrations
+from benchmarks._results import Results
 from examples.payment_effects import ProviderClient
 from examples.payment_provider import PaymentProvider
 from outbox import Effects
@@ -48,7 +49,10 @@ def rate(steps: int, work: Callable[[int], object]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Cost of the side-effect ledger per call.")
     parser.add_argument("--steps", type=int, default=1000)
-    steps = parser.parse_args().steps
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    arguments = parser.parse_args()
+    steps = arguments.steps
+    results = Results("effects_ledger", arguments.json)
     cluster = PostgresCluster(
         StackSettings(dir=Path(".stack") / "bench-effects", postgres_port=free_port())
     )
@@ -98,10 +102,20 @@ def main() -> None:
             f"HTTP call through ledger  {through:>8,.0f} calls/s  ({1000 / through:.2f} ms/call,"
             f" {through / http:.2f}x the bare call)"
         )
+        results.figures.update(
+            steps=steps,
+            commits_per_second=round(commit, 1),
+            ledger_noop_steps_per_second=round(alone, 1),
+            redelivered_done_steps_per_second=round(skip, 1),
+            bare_http_calls_per_second=round(http, 1),
+            http_through_ledger_calls_per_second=round(through, 1),
+            through_over_bare=round(through / http, 3),
+        )
         engine.dispose()
     finally:
         provider.stop()
         cluster.down()
+    results.write()
 
 
 if __name__ == "__main__":

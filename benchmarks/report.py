@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
         [],
         ["--events", "5000", "--small-rows", "10000", "--big-rows", "50000", "--seconds", "8"],
     ),
+    "effects_ledger": ([], ["--steps", "100"]),
     "pipeline": ([], ["--rates", "500", "1000", "--seconds", "6", "--drain-seconds", "60"]),
 }
 

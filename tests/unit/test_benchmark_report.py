@@ -119,7 +119,7 @@ def test_the_report_renders_every_section_and_plot(tmp_path: Path) -> None:
     text = page.read_text()
     assert "Knee (first rate not kept up): **max**" in text
     assert "| publish / plain | 0.96 | >= 0.9 met |" in text
-    assert "No results for: cdc_throughput, relay_throughput." in text
+    assert "No results for: cdc_throughput, relay_throughput, effects_ledger." in text
     assert "not the published ones" in text
     for plot in ("pipeline.png", "sdk_publish.png", "stages.png", "lake_batch_time.png"):
         assert (tmp_path / "b" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
