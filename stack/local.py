@@ -1,4 +1,5 @@
-"""The whole native stack: PostgreSQL, a Kafka-protocol broker, Kafka Connect with Debezium.
+"""The whole native stack: PostgreSQL, a Kafka-protocol broker (on its object store, by
+default), Kafka Connect with Debezium.
 
 Started in that order and stopped in the reverse order. With
 ``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` set to another cluster, no local broker is started and
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from outbox.settings import KafkaSettings
 from stack.broker import TansuBroker
 from stack.connect import ConnectWorker
+from stack.object_store import BUCKET, SeaweedStore
 from stack.postgres import PostgresCluster
 from stack.settings import StackSettings
 
@@ -86,10 +88,12 @@ class LocalStack:
 
     def destroy(self) -> None:
         """Stop everything and delete the stack's data: the cluster (its server folder too,
-        wherever it is), the broker's and Connect's folders. Downloads are kept."""
+        wherever it is), the broker's, the object store's and Connect's folders. Downloads
+        are kept."""
         self.down()
         self.postgres.destroy()
-        for process in (self.own_broker.process, self.connect.process):
+        store = SeaweedStore(self.settings).process
+        for process in (self.own_broker.process, store, self.connect.process):
             shutil.rmtree(process.home, ignore_errors=True)
 
     def status(self) -> list[ServiceLine]:
@@ -109,11 +113,23 @@ class LocalStack:
                 ServiceLine(
                     "broker",
                     self.broker.process.is_running(),
-                    f"kafka://{self.bootstrap_servers} (Tansu, in memory)",
+                    f"kafka://{self.bootstrap_servers} ({self.broker.describe()})",
                     self.broker.process.pid(),
                     str(self.broker.process.log_file),
                 )
             )
+            store = self.broker.object_store
+            if store is not None:
+                lines.append(
+                    ServiceLine(
+                        "objects",
+                        store.process.is_running(),
+                        f"{store.endpoint} (SeaweedFS, bucket {BUCKET})",
+                        store.process.pid(),
+                        str(store.process.log_file),
+                        str(store.data_dir),
+                    )
+                )
         else:
             lines.append(
                 ServiceLine(
@@ -136,6 +152,8 @@ class LocalStack:
         found = {"postgres": self.postgres.log_file}
         if self.broker is not None:
             found["broker"] = self.broker.process.log_file
+            if self.broker.object_store is not None:
+                found["objects"] = self.broker.object_store.process.log_file
         found["connect"] = self.connect.process.log_file
         return {
             name: path.read_text(errors="replace").splitlines() if path.exists() else []

