@@ -14,6 +14,7 @@ import shlex
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from outbox.settings import KafkaSettings
 from stack.broker import TansuBroker
@@ -22,13 +23,26 @@ from stack.object_store import BUCKET, SeaweedStore
 from stack.postgres import PostgresCluster
 from stack.settings import StackSettings
 
-__all__ = ["LocalStack", "ServiceLine", "shell_exports"]
+__all__ = ["LocalStack", "ServiceLine", "shell_exports", "stack_on"]
 
 
 def shell_exports(variables: Mapping[str, str]) -> str:
     """``export NAME=value`` lines for ``eval``; every value quoted by ``shlex.quote``, so no
     character in a value (a quote, ``$``, a backtick, a newline) can run shell."""
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
+
+
+def stack_on(storage: Literal["s3", "memory"]) -> LocalStack:
+    """The local stack (settings from the environment) with its broker on ``storage``; a
+    running broker on the other engine is stopped first, with Connect (whose topics are on it).
+    Nothing is started: call ``up``. The benchmarks use it to measure both engines."""
+    settings = StackSettings(broker_storage=storage)
+    stack = LocalStack(settings)
+    if stack.broker is not None and stack.broker.storage != storage:
+        stack.connect.down()
+        stack.broker.down()
+        stack = LocalStack(settings)
+    return stack
 
 
 @dataclass(frozen=True)

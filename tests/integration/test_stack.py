@@ -10,10 +10,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+from kafka import KafkaProducer
 
 from outbox.settings import KafkaSettings
 from stack import PostgresCluster, StackSettings
@@ -22,6 +24,8 @@ from stack.local import LocalStack
 from stack.server_home import outside_home
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
+from tests.fix_stack import free_object_store_port
+from tests.kafka_read import read_count
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -100,6 +104,7 @@ def ports_env(settings: StackSettings) -> dict[str, str]:
     return {
         "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
         "OUTBOX_STACK_BROKER_PORT": str(free_port()),
+        "OUTBOX_STACK_OBJECT_STORE_PORT": str(free_object_store_port()),
         "OUTBOX_STACK_CONNECT_PORT": str(free_port()),
     }
 
@@ -151,14 +156,16 @@ def test_the_password_is_required_over_tcp(own_cluster: PostgresCluster) -> None
 
 @pytest.mark.timeout(600)
 def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
-    """`outbox stack up|status|env|logs|down` over all three services, on ports of its own;
-    then, as the README says, from a shell that ran `eval "$(outbox stack env)"` (which
-    exports the stack's own broker as OUTBOX_KAFKA_BOOTSTRAP_SERVERS): `down` stops that
-    broker and `up` starts it again, it is never taken for an external one."""
+    """`outbox stack up|status|env|logs|down` over all four services (the broker on its object
+    store, the default), on ports of its own; then, as the README says, from a shell that ran
+    `eval "$(outbox stack env)"` (which exports the stack's own broker as
+    OUTBOX_KAFKA_BOOTSTRAP_SERVERS): `down` stops that broker and `up` starts it again, it is
+    never taken for an external one; a topic written before `down` is there after `up`."""
     settings = StackSettings(
         dir=own_cluster.settings.dir,
         postgres_port=own_cluster.port,
         broker_port=free_port(),
+        object_store_port=free_object_store_port(),
         connect_port=free_port(),
         downloads=ROOT / ".cache" / "stack",
     )
@@ -166,6 +173,7 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         "OUTBOX_STACK_DIR": str(settings.dir),
         "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
         "OUTBOX_STACK_BROKER_PORT": str(settings.broker_port),
+        "OUTBOX_STACK_OBJECT_STORE_PORT": str(settings.object_store_port),
         "OUTBOX_STACK_CONNECT_PORT": str(settings.connect_port),
         "OUTBOX_STACK_DOWNLOADS": str(settings.downloads),
     }
@@ -192,6 +200,7 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         for address in (
             f"127.0.0.1:{settings.postgres_port}",
             f"kafka://127.0.0.1:{settings.broker_port}",
+            f"http://127.0.0.1:{settings.object_store_port} (SeaweedFS",
             f"http://127.0.0.1:{settings.connect_port}",
         ):
             assert address in started.stdout
@@ -202,13 +211,22 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
             int(pid) for pid in re.findall(r"\(pid (\d+)\)", again.stdout)
         ], "a second `up` starts nothing"
         status = outbox("status")
-        assert status.returncode == 0 and status.stdout.count("running") == 3
+        assert status.returncode == 0 and status.stdout.count("running") == 4
         exported = outbox("env").stdout
         assert exported.startswith("export OUTBOX_DATABASE_URL=")
         assert own_cluster.password() in exported
         assert f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.broker_port}\n" in exported
         logs = outbox("logs").stdout
         assert "==> connect <==" in logs and "Kafka Connect started" in logs
+        assert "==> objects <==" in logs
+        store = stack.own_broker.object_store
+        assert store is not None
+        shown = logs + started.stdout + status.stdout + exported
+        assert not any(key in shown for key in store.credentials()), "its keys are never shown"
+        topic = f"survives-{uuid.uuid4().hex[:8]}"
+        producer = KafkaProducer(bootstrap_servers=stack.bootstrap_servers, acks="all")
+        producer.send(topic, b"kept").get(timeout=30)
+        producer.close()
 
         stopped = after_eval("down")
         assert stopped.returncode == 0, stopped.stderr
@@ -216,8 +234,9 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         assert not any(line.running for line in stack.status()), "down stopped all three"
         started = after_eval("up")
         assert started.returncode == 0, started.stderr[-3000:]
-        assert all(line.running for line in stack.status()), "up started all three"
-        assert "(Tansu, in memory)" in after_eval("status").stdout
+        assert all(line.running for line in stack.status()), "up started all four"
+        assert "(Tansu, durable: s3 in" in after_eval("status").stdout
+        assert [r.value for r in read_count(stack.bootstrap_servers, topic, 1)] == [b"kept"]  # type: ignore[attr-defined]
 
         stopped = outbox("down")
         assert stopped.returncode == 0
@@ -237,14 +256,18 @@ def test_the_stack_knows_its_running_broker_by_the_address_it_recorded(tmp_path:
     OUTBOX_KAFKA_BOOTSTRAP_SERVERS names the running broker: still the stack's own (`down`
     stops it); a bootstrap server that is not the stack's is external."""
     started_on = StackSettings(
-        dir=tmp_path, broker_port=free_port(), downloads=ROOT / ".cache" / "stack"
+        dir=tmp_path,
+        broker_port=free_port(),
+        broker_storage="memory",
+        downloads=ROOT / ".cache" / "stack",
     )
     broker = TansuBroker(started_on)
     broker.up()
     try:
         later = StackSettings(
             dir=tmp_path, broker_port=free_port(), downloads=ROOT / ".cache" / "stack"
-        )
+        )  # s3 by default: the running broker's recorded engine (memory) wins
+        assert TansuBroker(later).storage == "memory"
         exported = KafkaSettings(bootstrap_servers=f"localhost:{started_on.broker_port}")
         stack = LocalStack(later, exported)
         assert stack.external_kafka is None and stack.broker is not None

@@ -1,0 +1,142 @@
+"""The durable local broker (Tansu on s3:// over SeaweedFS) under ``kill -9``: of the broker, of
+the object store, of both (and of Connect with them), each while an application commits and
+CDC streams. Nothing committed is lost, per-aggregate order is kept, Connect resumes its
+connector from its own topics on the broker, and (last test) the relay in auto mode and the
+lake job, run before and after the crash, land every event exactly once.
+
+These tests use a broker of their own (``durable_services``): the rest of the suite runs on the
+faster in-memory engine, which a crash would empty (see tests/fix_stack.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import migrations
+from stack.process import ServiceProcess
+from tests.fix_cdc import CdcPath, cdc_path_for
+from tests.fix_postgres import ScratchDatabase
+from tests.fix_relay import RelayBench, wait_until
+from tests.fix_stack import KafkaServices
+from tests.integration.test_lake_integrity import env_for, ingested, rows
+from tests.integration.test_relay_faults import check_delivery, sample
+from tests.writers import Writer
+
+pytestmark = pytest.mark.timeout(420)
+
+
+@pytest.fixture(scope="module")
+def durable_cdc(durable_services: KafkaServices) -> Iterator[CdcPath]:
+    db = ScratchDatabase(durable_services.cluster, f"outbox_test_durable_{uuid.uuid4().hex[:8]}")
+    db.cluster.ensure_database(db.name)
+    engine = sa.create_engine(db.url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
+    engine.dispose()
+    with cdc_path_for(durable_services, db) as path:
+        yield path
+    db.cluster.drop_database(db.name)
+
+
+def kill(process: ServiceProcess) -> None:
+    process.signal(signal.SIGKILL)
+    wait_until(lambda: not process.is_running(), timeout=30, what=f"{process.name} gone")
+
+
+def store_of(kafka: KafkaServices) -> ServiceProcess:
+    assert kafka.broker.object_store is not None, "the durable broker runs on its object store"
+    return kafka.broker.object_store.process
+
+
+def crash_while_writing(
+    cdc: CdcPath, processes: list[ServiceProcess], tmp_path: Path, *, also_connect: bool = False
+) -> Writer:
+    """Kill ``processes`` (and Connect) while a writer commits, keep writing while they are
+    down, bring them back with `up` (Connect too: from its topics, nothing re-applied)."""
+    kafka = cdc.kafka
+    writer = Writer(
+        cdc.database.conninfo, f"d{uuid.uuid4().hex[:10]}", batches=150, pace_seconds=0.02
+    )
+    writer.start()
+    writer.wait_for(30)
+    for process in processes:
+        kill(process)
+    if also_connect:
+        kill(kafka.connect.process)
+    writer.wait_for(75)  # committed while they were down
+    kafka.broker.up()  # starts whichever of the two is down, waits for the broker to answer
+    if also_connect:
+        kafka.start_connect()
+    cdc.client.wait_running(cdc.connector.name, timeout=180)
+    writer.join(timeout=200)
+    return writer
+
+
+def test_no_loss_when_the_broker_is_killed(durable_cdc: CdcPath, tmp_path: Path) -> None:
+    broker = durable_cdc.kafka.broker.process
+    writer = crash_while_writing(durable_cdc, [broker], tmp_path)
+    check_delivery(RelayBench(durable_cdc.database, durable_cdc.kafka, tmp_path), writer)
+
+
+def test_no_loss_when_the_object_store_is_killed_and_the_broker_serves_again_unrestarted(
+    durable_cdc: CdcPath, tmp_path: Path
+) -> None:
+    broker_pid = durable_cdc.kafka.broker.process.pid()
+    writer = crash_while_writing(durable_cdc, [store_of(durable_cdc.kafka)], tmp_path)
+    check_delivery(RelayBench(durable_cdc.database, durable_cdc.kafka, tmp_path), writer)
+    assert durable_cdc.kafka.broker.process.pid() == broker_pid, "the broker was not restarted"
+
+
+def test_no_loss_no_lake_duplicate_when_broker_store_and_connect_are_all_killed(
+    durable_cdc: CdcPath, tmp_path: Path
+) -> None:
+    """With the relay in auto mode and the lake job: the lake ingests before the crash and
+    resumes from its checkpoint after it (those offsets still exist); every committed event
+    lands once."""
+    kafka = durable_cdc.kafka
+    bench = RelayBench(durable_cdc.database, kafka, tmp_path)
+    auto = {
+        "mode": "auto",
+        "grace_seconds": 3.0,
+        "cdc_heartbeat_topic": f"{durable_cdc.connector.topic_prefix}.outbox.outbox_heartbeat",
+    }
+    prefix = f"l{uuid.uuid4().hex[:8]}"
+    lake = tmp_path / "lake"
+    with bench.in_thread(**auto) as relay:
+        warm = Writer(durable_cdc.database.conninfo, f"{prefix}warm", batches=5)
+        warm.run()  # in this thread: the first events, for the lake's first run
+        wait_until(lambda: bench.undelivered() == 0, timeout=60, what="CDC confirmed")
+        check_delivery(bench, warm)
+        env = env_for(lake, prefix, kafka.bootstrap_servers)
+        ingested(env)
+        assert len(rows(lake, "events")) >= 50
+
+        writer = Writer(
+            durable_cdc.database.conninfo, f"{prefix}order", batches=150, pace_seconds=0.02
+        )
+        writer.start()
+        writer.wait_for(30)
+        confirmed = sample(relay, "outbox_relay_cdc_confirmed_total")
+        for process in (kafka.broker.process, store_of(kafka), kafka.connect.process):
+            kill(process)
+        writer.wait_for(75)
+        kafka.broker.up()
+        kafka.start_connect()  # the connector comes back from Connect's own topics
+        state = durable_cdc.client.wait_running(durable_cdc.connector.name, timeout=180)
+        assert state.running
+        writer.join(timeout=200)
+        wait_until(lambda: bench.undelivered() == 0, timeout=180, what="all confirmed")
+        # Its stored offsets were still valid: it went on reading CDC's records after the crash.
+        assert sample(relay, "outbox_relay_cdc_confirmed_total") > confirmed
+    check_delivery(bench, writer)
+    ingested(env)
+    ids = [str(row["event_id"]) for row in rows(lake, "events")]
+    assert len(ids) == len(set(ids)), "no event twice in the lake"
+    expected = {str(event_id) for event_id in warm.committed + writer.committed}
+    assert expected <= set(ids), f"{len(expected - set(ids))} events missing from the lake"
