@@ -10,8 +10,13 @@ Prints, from one run:
 
 Both connectors read the same publication through slots of their own, one at a time.
 
-    python -m benchmarks.cdc_throughput               # about 3 minutes, starts the stack
+    python -m benchmarks.cdc_throughput               # about 3 minutes per engine
     python -m benchmarks.cdc_throughput --events 20000 --seconds 10
+    python -m benchmarks.cdc_throughput --engine s3   # one broker engine only
+
+By default it runs once per engine of the local broker (``memory``, then ``s3``: the stack's
+default, left running; Connect restarts with the broker) and ends with the headline figures
+side by side.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from benchmarks._shared import paced_writes, percentile
 from connect import ConnectClient, ConnectorSettings, render_connector_config
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import event_id_of, topic_for
-from stack.local import LocalStack
+from stack.local import LocalStack, stack_on
 
 DATABASE = "outbox_bench_cdc"
 CDC_ROLE = "outbox_bench_cdc"
@@ -183,11 +188,35 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--latency-only", action="store_true")
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--engine", choices=["both", "memory", "s3"], default="both")
     arguments = parser.parse_args()
     results = Results("cdc_throughput", arguments.json)
+    figures: dict[str, dict[str, float]] = {}
+    # The flat figures are the last engine's: s3, the stack's default (the report reads them).
+    for engine in ("memory", "s3") if arguments.engine == "both" else (arguments.engine,):
+        stack = stack_on(engine)
+        stack.up()
+        if stack.broker is None:  # an external cluster: the engine does not apply
+            figures["external"] = run(arguments, stack, results)
+            break
+        print(f"== broker: {stack.broker.describe()}")
+        figures[engine] = run(arguments, stack, results)
+    results.figures["engines"] = {
+        engine: {name: round(value, 1) for name, value in found.items()}
+        for engine, found in figures.items()
+    }
+    if len(figures) > 1:
+        memory, s3 = figures["memory"], figures["s3"]
+        print(f"{'figure':<34} {'memory':>9} {'s3':>9} {'s3/memory':>10}")
+        for name in memory:
+            ratio = s3[name] / memory[name]
+            print(f"{name:<34} {memory[name]:>9,.0f} {s3[name]:>9,.0f} {ratio:>10.2f}")
+    results.write()
 
-    stack = LocalStack()
-    stack.up()
+
+def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> dict[str, float]:
+    """One run on ``stack``'s broker; its headline figures by name."""
+    figures: dict[str, float] = {}
     cluster = stack.postgres
     client = ConnectClient(stack.connect.rest_url)
     for name in ("benchrouted", "benchraw"):  # left over by an interrupted run
@@ -260,6 +289,8 @@ def main() -> None:
             raw_events_per_second=round(without_router, 1),
             ratio=round(with_router / without_router, 3),
         )
+        figures["events/s, Event Router"] = with_router
+        figures["events/s, raw change events"] = without_router
     latencies = measure_latency(stack, conninfo, routed, routed_config, arguments.seconds)
     print(
         f"commit-to-broker latency at 1,000 events/s over {arguments.seconds:.0f} s "
@@ -271,8 +302,10 @@ def main() -> None:
         name: round(percentile(latencies, fraction), 3)
         for name, fraction in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
     }
+    for share in (0.5, 0.99):
+        figures[f"latency ms, p{share * 100:.0f}"] = percentile(latencies, share) * 1000
     drop_slots(cluster.conninfo("postgres"), [routed.slot_name, raw.slot_name])
-    results.write()
+    return figures
 
 
 if __name__ == "__main__":

@@ -11,8 +11,12 @@ needed):
    PostgreSQL's xmin: deleted rows cannot be vacuumed and the relay's floor cannot move),
    and once it has ended.
 
-    python -m benchmarks.relay_throughput                 # about 2 minutes
+    python -m benchmarks.relay_throughput                 # about 2 minutes per engine
     python -m benchmarks.relay_throughput --events 20000 --rounds 1
+    python -m benchmarks.relay_throughput --engine s3     # one broker engine only
+
+By default it runs once per engine of the local broker (``memory``, then ``s3``: the stack's
+default, left running) and ends with the headline figures side by side.
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ import psycopg
 from kafka import KafkaProducer
 
 from benchmarks._results import Results
-from benchmarks._shared import fresh_database, postgres_and_broker
+from benchmarks._shared import fresh_database
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for
 from relay.service import Relay
 from relay.settings import RelaySettings
+from stack.local import LocalStack, stack_on
 
 DATABASE = "outbox_bench_relay"
 
@@ -127,10 +132,35 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--engine", choices=["both", "memory", "s3"], default="both")
     arguments = parser.parse_args()
     results = Results("relay_throughput", arguments.json)
+    figures: dict[str, dict[str, float]] = {}
+    # The flat figures are the last engine's: s3, the stack's default (the report reads them).
+    for engine in ("memory", "s3") if arguments.engine == "both" else (arguments.engine,):
+        stack = stack_on(engine)
+        stack.postgres.up()
+        if stack.broker is None:  # an external cluster: the engine does not apply
+            figures["external"] = run(arguments, stack, results)
+            break
+        stack.broker.up()
+        print(f"== broker: {stack.broker.describe()}")
+        figures[engine] = run(arguments, stack, results)
+    results.figures["engines"] = {
+        engine: {name: round(value, 1) for name, value in found.items()}
+        for engine, found in figures.items()
+    }
+    if len(figures) > 1:
+        memory, s3 = figures["memory"], figures["s3"]
+        print(f"{'events/s':<30} {'memory':>9} {'s3':>9} {'s3/memory':>10}")
+        for name in memory:
+            ratio = s3[name] / memory[name]
+            print(f"{name:<30} {memory[name]:>9,.0f} {s3[name]:>9,.0f} {ratio:>10.2f}")
+    results.write()
 
-    stack = postgres_and_broker()
+
+def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> dict[str, float]:
+    """One run on ``stack``'s broker; its headline figures (events/s) by name."""
     cluster = stack.postgres
     url = fresh_database(stack, DATABASE)
     conninfo = cluster.conninfo(DATABASE)
@@ -188,7 +218,12 @@ def main() -> None:
         relay_after_events_per_second=round(after, 1),
     )
     cluster.drop_database(DATABASE)
-    results.write()
+    return {
+        "bare producer": bare_best,
+        "polling relay": relay_best,
+        "relay, transaction held open": held,
+        "relay, after it ended": after,
+    }
 
 
 if __name__ == "__main__":
