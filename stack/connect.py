@@ -94,6 +94,10 @@ class ConnectWorker:
             "rest.advertised.host.name": "127.0.0.1",
             "rest.advertised.port": port,
             "plugin.discovery": "service_load",
+            # Source records go out in batches of up to 256 kB gathered for 5 ms: every produce
+            # request to a broker on object storage costs a write, so fewer, fuller requests.
+            "producer.linger.ms": "5",
+            "producer.batch.size": "262144",
             # Short group timeouts: a restarted worker rejoins and takes its tasks back fast.
             "session.timeout.ms": "6000",
             "heartbeat.interval.ms": "1000",

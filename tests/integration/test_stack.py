@@ -251,6 +251,19 @@ def test_a_bad_port_setting_is_refused_naming_the_variable() -> None:
     assert "OUTBOX_STACK_POSTGRES_PORT" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("OUTBOX_STACK_BROKER_STORAGE", "disk"), ("OUTBOX_STACK_OBJECT_STORE_PORT", "60000")],
+)
+def test_a_bad_broker_storage_setting_is_refused_naming_the_variable(
+    variable: str, value: str
+) -> None:
+    """An unknown engine, or an object-store port whose gRPC twin (+10000) cannot exist."""
+    result = run_outbox("stack", "status", env={variable: value}, timeout=60)
+    assert result.returncode == 2
+    assert variable in result.stderr
+
+
 def test_the_stack_knows_its_running_broker_by_the_address_it_recorded(tmp_path: Path) -> None:
     """A broker started on one port, then a shell whose settings name another port but whose
     OUTBOX_KAFKA_BOOTSTRAP_SERVERS names the running broker: still the stack's own (`down`

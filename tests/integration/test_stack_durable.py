@@ -11,6 +11,8 @@ faster in-memory engine, which a crash would empty (see tests/fix_stack.py).
 from __future__ import annotations
 
 import signal
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +21,14 @@ import pytest
 import sqlalchemy as sa
 
 import migrations
+from stack.object_store import BUCKET
 from stack.process import ServiceProcess
 from tests.fix_cdc import CdcPath, cdc_path_for
 from tests.fix_postgres import ScratchDatabase
 from tests.fix_relay import RelayBench, wait_until
 from tests.fix_stack import KafkaServices
 from tests.integration.test_lake_integrity import env_for, ingested, rows
+from tests.integration.test_loopback import is_loopback, listening_on, with_descendants
 from tests.integration.test_relay_faults import check_delivery, sample
 from tests.writers import Writer
 
@@ -76,6 +80,23 @@ def crash_while_writing(
     cdc.client.wait_running(cdc.connector.name, timeout=180)
     writer.join(timeout=200)
     return writer
+
+
+def test_the_object_store_listens_on_loopback_only_and_refuses_anonymous_requests(
+    durable_services: KafkaServices,
+) -> None:
+    store = durable_services.broker.object_store
+    assert store is not None
+    pid = store.process.pid()
+    assert pid is not None
+    found = listening_on(with_descendants(pid))
+    assert len(found) >= 10, f"S3, master, volume, filer, admin and their gRPC ports: {found}"
+    assert all(is_loopback(address) for address, _ in found), found
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{store.endpoint}/{BUCKET}/", timeout=10)
+    assert refused.value.code == 403
+    for key in ("s3-access-key", "s3-secret-key"):
+        assert (store.process.home / key).stat().st_mode & 0o777 == 0o600
 
 
 def test_no_loss_when_the_broker_is_killed(durable_cdc: CdcPath, tmp_path: Path) -> None:
