@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -79,6 +80,7 @@ class SeaweedStore:
         """Start if stopped; wait until the S3 port answers and the bucket exists."""
         if not self.process.is_running():
             binary = seaweed_binary(self.settings.downloads_root)
+            self._check_ports_free()
             self.process.home.mkdir(parents=True, exist_ok=True)
             access_key, secret_key = self.credentials()
             env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
@@ -93,9 +95,28 @@ class SeaweedStore:
     def status(self) -> ObjectStoreStatus:
         return ObjectStoreStatus(self.process.is_running(), self.process.pid(), self.endpoint)
 
-    def _command(self, binary: str) -> list[str]:
+    def _ports(self) -> dict[str, int]:
         p = self.port
-        ports = {"s3": p, "master": p + 1, "volume": p + 2, "filer": p + 3, "admin": p + 4}
+        return {"s3": p, "master": p + 1, "volume": p + 2, "filer": p + 3, "admin": p + 4}
+
+    def _check_ports_free(self) -> None:
+        """SeaweedFS dies on the first port it cannot bind: say which, and the fix, first."""
+        for name, http_port in self._ports().items():
+            for port in (http_port, http_port + _GRPC_OFFSET):
+                with socket.socket() as probe:
+                    try:
+                        probe.bind(("127.0.0.1", port))
+                    except OSError as error:
+                        raise StackError(
+                            f"the object store needs port {port} ({name}"
+                            f"{' gRPC' if port != http_port else ''}) on 127.0.0.1, which is "
+                            f"in use ({error.strerror}): set OUTBOX_STACK_OBJECT_STORE_PORT to "
+                            "a base port whose next four, and each of the five plus 10000, are "
+                            "free"
+                        ) from error
+
+    def _command(self, binary: str) -> list[str]:
+        ports = self._ports()
         command = [
             binary,
             "mini",

@@ -31,7 +31,8 @@ class StackSettings(BaseSettings):
     every topic lost when the broker stops; see docs/operations.md for the figures).
     ``OUTBOX_STACK_OBJECT_STORE_PORT``: S3 port of the object store (SeaweedFS) under an
     ``s3`` broker; it also listens on the next four ports and on each of the five plus 10000
-    (so at most 55530), all on loopback.
+    (so at most 55530), all on loopback. The default keeps all ten below Linux's ephemeral
+    range (32768 and up), where outgoing connections could take one first.
     ``OUTBOX_STACK_CONNECT_PORT``: REST port of the Kafka Connect worker;
     ``OUTBOX_STACK_CONNECT_HEAP``: its Java heap (``-Xmx``), e.g. ``768m`` or ``1g``.
     """
@@ -48,7 +49,7 @@ class StackSettings(BaseSettings):
     broker_port: int = Field(default=59092, ge=1024, le=65535)
     broker_start_timeout_seconds: float = Field(default=30.0, gt=0)
     broker_storage: Literal["s3", "memory"] = "s3"
-    object_store_port: int = Field(default=48333, ge=1024, le=55530)
+    object_store_port: int = Field(default=22333, ge=1024, le=55530)
     object_store_start_timeout_seconds: float = Field(default=60.0, gt=0)
     connect_port: int = Field(default=58083, ge=1024, le=65535)
     connect_heap: str = Field(default="768m", pattern=r"^[1-9][0-9]*[mg]$")

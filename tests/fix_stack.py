@@ -55,9 +55,10 @@ class KafkaServices:
 
 
 def free_object_store_port() -> int:
-    """A base port for the object store: it and the next four free, and each plus 10000."""
+    """A base port for the object store: it and the next four free, and each plus 10000; all
+    below Linux's ephemeral range (32768 and up), where a client's connection may take one."""
     for _ in range(200):
-        base = random.randint(20000, 55000)
+        base = random.randint(20000, 22760)
         if _all_free([base + i + grpc for i in range(5) for grpc in (0, 10000)]):
             return base
     raise RuntimeError("no free block of ports for the object store")
