@@ -22,9 +22,9 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from tests.fix_stack import BrokerUnderTest
+from tests.broker.conftest import BrokerUnderTest
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 # Short group timings: a first join completes within seconds on every broker (STACK.md).
 GROUP_TIMINGS = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
