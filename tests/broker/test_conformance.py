@@ -218,8 +218,8 @@ def test_topics_are_created_on_first_produce_and_explicitly_as_asked(
 def test_reading_to_the_end_finds_every_record_and_end_offsets_never_overcount(
     broker_under_test: BrokerUnderTest, producer: KafkaProducer
 ) -> None:
-    """By default nothing trusts ListOffsets: the lake (``OUTBOX_LAKE_END_OFFSETS=scan``) and
-    the relay read until a fetch returns nothing. That needs every acknowledged record to be
+    """By default the lake does not trust ListOffsets (``OUTBOX_LAKE_END_OFFSETS=scan``): it
+    reads until a fetch returns nothing. That needs every acknowledged record to be
     fetchable, and an end offset never beyond the data. ``OUTBOX_LAKE_END_OFFSETS=broker``
     (lag metrics, truncation checks) needs the end offset to count every record: checked on
     every broker but the local one (Tansu undercounts: seen with 50 pipelined records, on
