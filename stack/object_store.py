@@ -104,6 +104,8 @@ class SeaweedStore:
         for name, http_port in self._ports().items():
             for port in (http_port, http_port + _GRPC_OFFSET):
                 with socket.socket() as probe:
+                    # As the server binds: a port whose old connections linger is free to it.
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     try:
                         probe.bind(("127.0.0.1", port))
                     except OSError as error:
