@@ -139,6 +139,7 @@ def test_auto_mode_takes_over_when_cdc_never_produced(
     settings = StackSettings(
         dir=tmp_path / "stack",
         broker_port=free_port(),
+        broker_storage="memory",  # a fresh broker of its own, no object store needed
         downloads=ROOT / ".cache" / "stack",
     )
     broker = TansuBroker(settings)
