@@ -32,6 +32,7 @@ Offsets = dict[tuple[str, int], int]
 
 _MAX_RECORDS = 5000
 _REFRESH_SECONDS = 3.0
+_QUIET_SECONDS = 1.0
 
 
 @dataclass
@@ -46,10 +47,15 @@ class CdcDeliveries:
 class CdcWatch:
     """Reads CDC's deliveries from ``offsets`` on (earliest for partitions it never read).
 
-    ``caught_up`` once it has listed the topics and read, in every partition, up to where the
-    partition ended when first assigned: until then the relay cannot tell a slow CDC from its
-    own slow start. No topic at all counts as caught up: CDC never produced (Connect down
-    from the start), and rows must not wait for it forever.
+    ``caught_up`` once it has listed the topics and read every partition to its end: polls
+    have returned no record for ``_QUIET_SECONDS`` in a row since partitions were last
+    assigned (each poll fetches every partition, answered at once, or after
+    ``fetch_max_wait_ms`` when nothing is past its position). Until then the relay cannot tell
+    a slow CDC from its own slow start. The broker's end offsets (ListOffsets) are never
+    asked: some brokers undercount them (the local Tansu does), and an undercount would
+    declare the watch caught up before it read what CDC had delivered. No topic at all counts
+    as caught up: CDC never produced (Connect down from the start), and rows must not wait
+    for it forever.
     """
 
     def __init__(self, bootstrap_servers: str, *, heartbeat_topic: str, offsets: Offsets) -> None:
@@ -57,7 +63,9 @@ class CdcWatch:
         self._pattern = re.compile(f"^({re.escape(TOPIC_PREFIX)}.*|{re.escape(heartbeat_topic)})$")
         self._stored = dict(offsets)
         self._assigned: set[TopicPartition] = set()
-        self._targets: dict[TopicPartition, int] = {}
+        self._unread: set[TopicPartition] = set()
+        """Partitions not yet read to their end since they were assigned."""
+        self._quiet_since: float | None = None
         self._refresh_due = 0.0
         self._listed = False
         self._consumer: Any = KafkaConsumer(
@@ -73,7 +81,7 @@ class CdcWatch:
 
     @property
     def caught_up(self) -> bool:
-        return self._listed and not self._targets
+        return self._listed and not self._unread
 
     def poll(self, timeout_seconds: float) -> CdcDeliveries:
         if time.monotonic() >= self._refresh_due:
@@ -82,6 +90,13 @@ class CdcWatch:
         if not self._assigned:
             return deliveries
         batches = self._consumer.poll(timeout_ms=int(timeout_seconds * 1000))
+        now = time.monotonic()
+        if batches:
+            self._quiet_since = None
+        elif self._quiet_since is None:
+            self._quiet_since = now
+        elif now - self._quiet_since >= _QUIET_SECONDS:
+            self._unread.clear()  # nothing past any position for a while: read to the end
         for partition, records in batches.items():
             deliveries.offsets[(partition.topic, partition.partition)] = records[-1].offset + 1
             for record in records:
@@ -97,9 +112,6 @@ class CdcWatch:
                     deliveries.event_ids.append(event_id_of(record.headers))
                 except ValueError:
                     continue  # not an outbox record: nothing of ours to delete
-        for partition in list(self._targets):
-            if self._consumer.position(partition) >= self._targets[partition]:
-                del self._targets[partition]
         return deliveries
 
     def close(self) -> None:
@@ -123,12 +135,11 @@ class CdcWatch:
             return
         self._assigned |= new
         self._consumer.assign(list(self._assigned))
-        ends = self._consumer.end_offsets(list(new))
+        self._unread |= new
+        self._quiet_since = None
         for partition in new:
             stored = self._stored.get((partition.topic, partition.partition))
             if stored is None:
                 self._consumer.seek_to_beginning(partition)
             else:
                 self._consumer.seek(partition, stored)
-            if ends.get(partition, 0) > (stored or 0):
-                self._targets[partition] = ends[partition]

@@ -11,6 +11,7 @@ faster in-memory engine, which a crash would empty (see tests/fix_stack.py).
 from __future__ import annotations
 
 import signal
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -19,8 +20,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 import migrations
+from outbox.core.contract import topic_for
+from relay.cdc_watch import CdcWatch
 from stack.object_store import BUCKET
 from stack.process import ServiceProcess
 from tests.fix_cdc import CdcPath, cdc_path_for
@@ -173,3 +177,42 @@ def test_no_loss_no_lake_duplicate_when_broker_store_and_connect_are_all_killed(
     assert len(ids) == len(set(ids)), "no event twice in the lake"
     expected = {str(event_id) for event_id in warm.committed + writer.committed}
     assert expected <= set(ids), f"{len(expected - set(ids))} events missing from the lake"
+
+
+def test_the_relays_cdc_watch_reads_to_the_end_where_end_offsets_undercount(
+    durable_services: KafkaServices,
+) -> None:
+    """On this broker ListOffsets undercounts a partition that got records in quick batches;
+    the relay's CDC watch must not count itself caught up before it has read every record
+    CDC delivered past its stored offset (else the relay would publish them again)."""
+    topic = topic_for(f"w{uuid.uuid4().hex[:10]}")
+    producer = KafkaProducer(
+        bootstrap_servers=durable_services.bootstrap_servers, acks="all", linger_ms=0
+    )
+    sent = []
+    for _ in range(60):
+        event_id = uuid.uuid4()
+        sent.append(event_id)
+        producer.send(topic, key=b"k", value=b"{}", headers=[("id", str(event_id).encode())])
+    producer.flush(timeout=30)
+    producer.close()
+    admin = KafkaConsumer(bootstrap_servers=durable_services.bootstrap_servers)
+    tp = TopicPartition(topic, 0)
+    end = admin.end_offsets([tp])[tp]
+    admin.close()
+    assert end < 60, "the broker counted right: this test would prove nothing"
+    watch = CdcWatch(
+        durable_services.bootstrap_servers,
+        heartbeat_topic="no-heartbeat",
+        offsets={(topic, 0): 1},  # the relay had confirmed the first record
+    )
+    seen: list[uuid.UUID] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not watch.caught_up:
+            assert time.monotonic() < deadline, "never caught up"
+            seen += watch.poll(timeout_seconds=0.05).event_ids
+    finally:
+        watch.close()
+    ours = set(sent)
+    assert [i for i in seen if i in ours] == sent[1:], "caught up before reading it all"
