@@ -14,7 +14,13 @@ import migrations
 from outbox import Event, Outbox
 from stack.local import LocalStack
 
-__all__ = ["fresh_database", "paced_writes", "percentile", "postgres_and_broker"]
+__all__ = [
+    "engines_side_by_side",
+    "fresh_database",
+    "paced_writes",
+    "percentile",
+    "postgres_and_broker",
+]
 
 
 def postgres_and_broker() -> LocalStack:
@@ -76,3 +82,20 @@ def paced_writes(
             time.sleep(max(0.0, tick - time.monotonic()))  # the pace, not a condition to await
             if every_100_ticks is not None and number % (100 * events_per_tick) == 0:
                 every_100_ticks()
+
+
+def engines_side_by_side(
+    figures: dict[str, dict[str, float]], label: str
+) -> dict[str, dict[str, float]]:
+    """Print the broker engines' figures side by side (when both ran); the rounded figures
+    for the JSON results."""
+    if len(figures) > 1:
+        memory, s3 = figures["memory"], figures["s3"]
+        print(f"{label:<34} {'memory':>9} {'s3':>9} {'s3/memory':>10}")
+        for name in memory:
+            ratio = s3[name] / memory[name]
+            print(f"{name:<34} {memory[name]:>9,.0f} {s3[name]:>9,.0f} {ratio:>10.2f}")
+    return {
+        engine: {name: round(value, 1) for name, value in found.items()}
+        for engine, found in figures.items()
+    }

@@ -34,7 +34,7 @@ from kafka import KafkaConsumer
 
 import migrations
 from benchmarks._results import Results
-from benchmarks._shared import paced_writes, percentile
+from benchmarks._shared import engines_side_by_side, paced_writes, percentile
 from connect import ConnectClient, ConnectorSettings, render_connector_config
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import event_id_of, topic_for
@@ -201,16 +201,7 @@ def main() -> None:
             break
         print(f"== broker: {stack.broker.describe()}")
         figures[engine] = run(arguments, stack, results)
-    results.figures["engines"] = {
-        engine: {name: round(value, 1) for name, value in found.items()}
-        for engine, found in figures.items()
-    }
-    if len(figures) > 1:
-        memory, s3 = figures["memory"], figures["s3"]
-        print(f"{'figure':<34} {'memory':>9} {'s3':>9} {'s3/memory':>10}")
-        for name in memory:
-            ratio = s3[name] / memory[name]
-            print(f"{name:<34} {memory[name]:>9,.0f} {s3[name]:>9,.0f} {ratio:>10.2f}")
+    results.figures["engines"] = engines_side_by_side(figures, "figure")
     results.write()
 
 

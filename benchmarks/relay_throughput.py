@@ -33,7 +33,7 @@ import psycopg
 from kafka import KafkaProducer
 
 from benchmarks._results import Results
-from benchmarks._shared import fresh_database
+from benchmarks._shared import engines_side_by_side, fresh_database
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for
 from relay.service import Relay
@@ -146,16 +146,7 @@ def main() -> None:
         stack.broker.up()
         print(f"== broker: {stack.broker.describe()}")
         figures[engine] = run(arguments, stack, results)
-    results.figures["engines"] = {
-        engine: {name: round(value, 1) for name, value in found.items()}
-        for engine, found in figures.items()
-    }
-    if len(figures) > 1:
-        memory, s3 = figures["memory"], figures["s3"]
-        print(f"{'events/s':<30} {'memory':>9} {'s3':>9} {'s3/memory':>10}")
-        for name in memory:
-            ratio = s3[name] / memory[name]
-            print(f"{name:<30} {memory[name]:>9,.0f} {s3[name]:>9,.0f} {ratio:>10.2f}")
+    results.figures["engines"] = engines_side_by_side(figures, "events/s")
     results.write()
 
 
