@@ -106,6 +106,6 @@ def run_demo(
         f"  {lake_env} outbox lake query {shlex.quote(EXAMPLE_QUERY)}",
         f"  {lake_env} outbox lake tables",
         "  outbox stack status",
-        "  outbox stack down      # stops the stack (the broker keeps its topics in the object store)",
+        "  outbox stack down      # stops the stack; its broker keeps its topics",
     ]
     console.print("\n".join(next_steps), highlight=False, soft_wrap=True)
