@@ -462,12 +462,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
             return self._gap(consumer, tp, expected, end, "out of range")
         shrunk = self.end_offsets == "broker" and last <= expected
         if not shrunk and expected > first:  # the record before must still be there
-            consumer.seek(tp, expected - 1)
-            deadline = time.monotonic() + _PROBE_SECONDS
-            records: list[Any] = []
-            while time.monotonic() < deadline and not records:
-                records = consumer.poll(timeout_ms=200, max_records=1).get(tp, [])
-            shrunk = not records or records[0].offset > expected - 1
+            shrunk = not self._record_exists(tp, expected - 1)
         if shrunk:
             return self._lost(
                 tp,

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from outbox.core.contract import refuse_json_constant
 from outbox.core.lake_contract import column_name_problem, scalar_problem
 
 __all__ = ["TYPED_BASE", "TypedPlan", "plan_typed_rows"]
@@ -80,13 +81,9 @@ def _cell(name: str, value: Any) -> Any:
     return value
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _load(payload_text: str) -> dict[str, Any]:
     try:
-        payload = json.loads(payload_text, parse_constant=_refuse_constant)
+        payload = json.loads(payload_text, parse_constant=refuse_json_constant)
     except RecursionError:
         raise _Refused("the payload is nested too deeply to type") from None
     if not isinstance(payload, dict):

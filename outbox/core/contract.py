@@ -41,6 +41,7 @@ __all__ = [
     "headers_for",
     "parse_record",
     "record_for",
+    "refuse_json_constant",
     "topic_for",
 ]
 
@@ -203,14 +204,15 @@ def parse_record(
     )
 
 
-def _refuse_constant(name: str) -> Any:
+def refuse_json_constant(name: str) -> Any:
+    """``parse_constant`` for ``json.loads``: NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not JSON")
 
 
 def _json(text: str, what: str) -> Any:
     """Strict JSON: ``NaN``/``Infinity`` refused; nesting too deep for Python refused."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=refuse_json_constant)
     except ValueError as error:  # JSONDecodeError is a ValueError
         raise ContractViolation(f"{what} is not JSON: {error}") from None
     except RecursionError:
