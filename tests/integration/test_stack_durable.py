@@ -125,9 +125,17 @@ def test_no_loss_when_the_broker_is_killed(durable_cdc: CdcPath, tmp_path: Path)
 def test_no_loss_when_the_object_store_is_killed_and_the_broker_serves_again_unrestarted(
     durable_cdc: CdcPath, tmp_path: Path
 ) -> None:
+    """While the store is down the broker answers produce requests with an error Kafka clients
+    do not retry: Connect's task fails, and records it had queued behind the failed one may
+    still reach the broker (seen in CI: an aggregate's events 250-277 failed, 280 onwards
+    arrived). Restarted, the task sends again everything from its last committed offset, in
+    order. So the last copy of each event is in commit order, not always the first (on Apache
+    Kafka a storage error is retried in order instead); the lake orders by position either
+    way (checked in the last test)."""
     broker_pid = durable_cdc.kafka.broker.process.pid()
     writer = crash_while_writing(durable_cdc, [store_of(durable_cdc.kafka)], tmp_path)
-    check_delivery(RelayBench(durable_cdc.database, durable_cdc.kafka, tmp_path), writer)
+    bench = RelayBench(durable_cdc.database, durable_cdc.kafka, tmp_path)
+    check_delivery(bench, writer, copies="last")
     assert durable_cdc.kafka.broker.process.pid() == broker_pid, "the broker was not restarted"
 
 
