@@ -56,7 +56,7 @@ def status() -> None:
 
 @app.command()
 def restart() -> None:
-    """Restart the connector and its failed tasks."""
+    """Restart the connector and all its tasks (Debezium resumes from its stored offsets)."""
     from connect import ConnectClient, ConnectorSettings
 
     settings = load(ConnectorSettings)

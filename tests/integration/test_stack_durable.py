@@ -69,7 +69,7 @@ def connector_back(cdc: CdcPath, *, store_crashed: bool) -> None:
     topic): restart the connector and all its tasks, as an operator would. Debezium resumes
     from its offsets on the broker, so nothing is lost (checked by the caller)."""
     if store_crashed:
-        cdc.client.call("POST", f"/connectors/{cdc.connector.name}/restart?includeTasks=true")
+        cdc.client.restart(cdc.connector.name)  # what `outbox connect restart` does
     cdc.client.wait_running(cdc.connector.name, timeout=180)
 
 

@@ -3,6 +3,7 @@ is one the project exports (the relay's, the lake job's and reconcile's registri
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -14,6 +15,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from outbox import effect_metrics
+from outbox.effect_metrics import EffectsMetrics
 from reconcile.metrics import ReconcileMetrics
 from relay.metrics import RelayMetrics
 
@@ -119,8 +122,21 @@ def test_the_dashboard_parses_with_unique_panels_on_the_grid() -> None:
         assert panel["targets"], panel["title"]
 
 
-def test_every_relay_and_reconcile_metric_named_exists() -> None:
-    known = exported(RelayMetrics().registry) | exported(ReconcileMetrics().registry)
+def effects_registry(monkeypatch: pytest.MonkeyPatch) -> CollectorRegistry:
+    """The side-effect ledger's registry, its scrape answered with no parked step (its
+    gauges query the database when scraped; here the query's answer is empty)."""
+    monkeypatch.setattr(effect_metrics, "decision_summary", lambda *_, **__: [])
+    return EffectsMetrics(contextlib.nullcontext).registry
+
+
+def test_every_relay_reconcile_and_effects_metric_named_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    known = (
+        exported(RelayMetrics().registry)
+        | exported(ReconcileMetrics().registry)
+        | exported(effects_registry(monkeypatch))
+    )
     named = set().union(*(named_metrics(e) for e in all_expressions()))
     ours = {name for name in named if not name.startswith("outbox_lake_")}
     assert ours - known == set(), f"named but not exported: {sorted(ours - known)}"
