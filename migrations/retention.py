@@ -9,12 +9,15 @@ Run it on a schedule (``outbox db expire``, e.g. hourly) as the owner of the out
 - relay dead letters and consumers' dead letters older than ``dead_letters`` (30 days by
   default): look at them before (``outbox relay dead-letters list``): once expired they
   are gone;
+- side-effect steps *done* longer ago than ``OUTBOX_INBOX_RETENTION`` (the window in which a
+  redelivery must still find them done); started and parked steps are never deleted;
 - heartbeat rows older than an hour (the connector's heartbeat query deletes them as well;
   this covers a connector that was removed).
 
 Delivered outbox rows are deleted by the relay (``polling``, ``auto``, or ``cleanup`` mode
-beside CDC). Each deletion uses an index on its time column. The relay's
-``outbox_table_rows_estimate{table}`` metric shows each table's size.
+beside CDC). Each deletion uses an index on its time column, except the ledger's done steps
+(a scan of that table). The relay's ``outbox_table_rows_estimate{table}`` metric shows each
+table's size.
 """
 
 from __future__ import annotations
@@ -41,18 +44,26 @@ def expire(
     """Delete expired rows; returns how many per table (the caller commits)."""
     settings = settings if settings is not None else OutboxSettings()
     tables = settings.tables
+    anything, done = "", "state = 'done' AND "
     plan = (
-        (tables.dedup, tables.qualified_dedup, "created_at", settings.dedup_window),
-        (tables.inbox, tables.qualified_inbox, "received_at", settings.inbox_retention),
-        (tables.dead_letter, tables.qualified_dead_letter, "failed_at", dead_letters),
-        (tables.inbox_dead_letter, tables.qualified_inbox_dead_letter, "failed_at", dead_letters),
-        (tables.heartbeat, tables.qualified_heartbeat, "beat", HEARTBEAT_RETENTION),
+        (tables.dedup, tables.qualified_dedup, anything, "created_at", settings.dedup_window),
+        (tables.inbox, tables.qualified_inbox, anything, "received_at", settings.inbox_retention),
+        (tables.effect, tables.qualified_effect, done, "updated_at", settings.inbox_retention),
+        (tables.dead_letter, tables.qualified_dead_letter, anything, "failed_at", dead_letters),
+        (
+            tables.inbox_dead_letter,
+            tables.qualified_inbox_dead_letter,
+            anything,
+            "failed_at",
+            dead_letters,
+        ),
+        (tables.heartbeat, tables.qualified_heartbeat, anything, "beat", HEARTBEAT_RETENTION),
     )
     deleted: dict[str, int] = {}
-    for name, qualified, column, older_than in plan:
+    for name, qualified, condition, column, older_than in plan:
         result = connection.execute(
             text(
-                f"DELETE FROM {qualified} WHERE {column} < clock_timestamp() - "
+                f"DELETE FROM {qualified} WHERE {condition}{column} < clock_timestamp() - "
                 "make_interval(secs => :seconds)"
             ),
             {"seconds": older_than.total_seconds()},

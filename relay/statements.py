@@ -161,6 +161,7 @@ class RelayStatements:
                 self.tables.dedup,
                 self.tables.inbox,
                 self.tables.inbox_dead_letter,
+                self.tables.effect,
                 self.tables.heartbeat,
             )
         )

@@ -98,6 +98,17 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
             connection.execute(
                 "INSERT INTO outbox.outbox_heartbeat (beat) VALUES (now() - %s::interval)", (age,)
             )
+        # effect steps: done 8 days ago goes; done a day ago, and parked long ago, stay
+        for n, (state, age) in enumerate(
+            (("done", "8 days"), ("done", "1 day"), ("needs_decision", "40 days"))
+        ):
+            connection.execute(
+                "INSERT INTO outbox.outbox_inbox_effect (consumer, event_id, effect, "
+                "idempotency_key, state, attempt, context, started_at, updated_at) VALUES "
+                "('c', %s, 'charge', gen_random_uuid(), %s, 1, '{}', now() - %s::interval, "
+                "now() - %s::interval)",
+                (f"e{n}", state, age, age),
+            )
         connection.commit()
     result = run_outbox("db", "expire", env={"OUTBOX_DATABASE_URL": empty_database.url})
     assert result.returncode == 0, result.stderr
@@ -107,11 +118,13 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
         "outbox_dead_letter",
         "outbox_inbox_dead_letter",
         "outbox_heartbeat",
+        "outbox_inbox_effect",
     ):
         assert f"{table}: 1 expired row(s) deleted" in result.stdout
         with empty_database.connect() as connection:
             left = connection.execute(f"SELECT count(*) FROM outbox.{table}").fetchone()
-        assert left == (1,), f"{table}: the live row must stay"
+        kept = 2 if table == "outbox_inbox_effect" else 1  # a parked step is never deleted
+        assert left == (kept,), f"{table}: the live rows must stay"
 
 
 def test_an_idle_relay_consumes_no_transaction_ids_and_reports_table_sizes(
