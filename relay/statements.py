@@ -104,7 +104,12 @@ class RelayStatements:
 
     @property
     def delete(self) -> str:
-        return f"DELETE FROM {self.tables.qualified_outbox} WHERE id = ANY(%s::uuid[])"
+        """The rows whose ids are in one comma-separated text parameter (one string to send
+        instead of an array of thousands of values to encode one by one: see ``id_list``)."""
+        return (
+            f"DELETE FROM {self.tables.qualified_outbox} "
+            "WHERE id = ANY(string_to_array(%s, ',')::uuid[])"
+        )
 
     @property
     def dead_letter(self) -> str:
