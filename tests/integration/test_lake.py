@@ -145,12 +145,21 @@ def test_events_land_exactly_once_with_typed_tables_and_quarantine(
 def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_found(
     relay_bench: RelayBench, tmp_path: Path
 ) -> None:
+    """Malformed records lie between the events (50 after every 5,000), so batches on both
+    sides of the kill hold quarantine rows: after the restart each is in quarantine once."""
     prefix = f"k{uuid.uuid4().hex[:8]}"
     first_type, later_type = f"{prefix}a", f"{prefix}b"
     backlog = [Event(first_type, str(n % 50), "Tick", {"n": n}) for n in range(20_000)]
+    malformed = KafkaProducer(bootstrap_servers=relay_bench.kafka.bootstrap_servers, acks="all")
+    bad_offsets = set()
     for start in range(0, len(backlog), 5000):
         publish(relay_bench, backlog[start : start + 5000])
-    relay_all(relay_bench)
+        relay_all(relay_bench)
+        for n in range(50):  # no headers, not JSON: each record goes to quarantine
+            sent = malformed.send(topic_for(first_type), key=str(n).encode(), value=b"\xff{")
+            metadata = sent.get(timeout=30)
+            bad_offsets.add((metadata.partition, metadata.offset))
+    malformed.close()
     root = tmp_path / "lake"
     env = lake_env(root, prefix, relay_bench, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="2000")
     log = (tmp_path / "ingest.log").open("wb")
@@ -176,6 +185,9 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
         log.close()
     landed = len(rows(root, "events"))
     assert 0 < landed < len(backlog), "killed too late (or too early) to prove anything"
+    quarantine_table = root / "quarantine" / "_delta_log"
+    before = len(rows(root, "quarantine")) if quarantine_table.exists() else 0
+    assert before < len(bad_offsets), "the restart must have malformed records left to set aside"
 
     # Restarted, continuous: it resumes, and finds a topic created after it started.
     job = subprocess.Popen(
@@ -203,5 +215,8 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
     events = rows(root, "events")
     ids = [row["event_id"] for row in events]
     assert len(ids) == len(set(ids)) == len(backlog) + 10
+    quarantined = [(row["partition"], row["offset"]) for row in rows(root, "quarantine")]
+    assert len(quarantined) == len(set(quarantined)), "a malformed record quarantined twice"
+    assert set(quarantined) == bad_offsets, "malformed records missing from quarantine"
     assert set(ids) == {str(e.event_id) for e in backlog + newcomers}
     assert {event_id_of([("id", i.encode())]) for i in ids}  # every id is a UUID
