@@ -59,6 +59,12 @@ QUARANTINE = "quarantine"
 _TYPED_PREFIX = "aggregate_"
 _COMMIT_ATTEMPTS = 5
 _TYPED_BASE_NAMES = {name for name, _ in TYPED_BASE}
+# What typing and a set-aside row need of each event (not its headers nor raw bytes).
+_TYPING_COLUMNS = (
+    *(name for name, _ in TYPED_BASE),
+    *("payload", "topic", "partition", "offset", "ingest_time"),
+)
+_ROW = "__row"  # an event's index in the batch, to find its raw record again
 
 _PARSED = parsed_arrow_schema()
 _INGEST_TIME = pa.field("ingest_time", pa.timestamp("us", tz="UTC"))
@@ -188,6 +194,7 @@ class DeltaSink:
             with stage.labels("typed").time():
                 for aggregate_type, rows in self._by_type(events).items():
                     set_aside += self._write_typed(aggregate_type, rows, ends)
+                _with_raw_record(set_aside, events)
         records = [] if quarantined is None else quarantined.to_pylist()
         with stage.labels("quarantine").time():
             self._write_quarantine(records, set_aside, ends)
@@ -202,8 +209,12 @@ class DeltaSink:
 
     @staticmethod
     def _by_type(events: pa.Table) -> dict[str, list[dict[str, Any]]]:
+        """The events as Python rows per aggregate type, with only the columns typing needs
+        (the record's raw bytes, the largest, are added back to the rows set aside)."""
+        wanted = [name for name in _TYPING_COLUMNS if name in events.column_names]
+        slim = events.select(wanted).append_column(_ROW, pa.array(range(events.num_rows)))
         grouped: dict[str, list[dict[str, Any]]] = {}
-        for row in events.to_pylist():
+        for row in slim.to_pylist():
             grouped.setdefault(row["aggregate_type"], []).append(row)
         return grouped
 
@@ -281,6 +292,16 @@ class DeltaSink:
             transactions=forward_transactions(table, ends),
             by_day=False,
         )
+
+
+def _with_raw_record(set_aside: list[dict[str, Any]], events: pa.Table) -> None:
+    """Give each typed row set aside its record's raw key and value (for quarantine)."""
+    if not set_aside or "raw_value" not in events.column_names:
+        return
+    keys, values = events.column("raw_key"), events.column("raw_value")
+    for row in set_aside:
+        index = row.pop(_ROW)
+        row["raw_key"], row["raw_value"] = keys[index].as_py(), values[index].as_py()
 
 
 def _quarantine_row(row: dict[str, Any], target_table: str) -> dict[str, Any]:
