@@ -287,7 +287,13 @@ def test_the_hard_cases_each_land_in_events_with_their_typed_row_set_aside(
     assert set(events) == {*ids[:-1], str(uuid.UUID(dict(big.headers)["id"].decode()))}
     assert events[ids[0]]["payload"] == HARD_PAYLOADS[0]  # the exact text, beyond int64
     assert events[ids[2]]["payload"] == '{"x": 1e400}'  # not "Infinity"
-    quarantine = {q["event_id"]: q["reason"] for q in rows(root, "quarantine")}
+    set_aside = {q["event_id"]: q for q in rows(root, "quarantine")}
+    quarantine = {event_id: row["reason"] for event_id, row in set_aside.items()}
+    # each typed row set aside keeps its record's raw bytes
+    assert (set_aside[ids[0]]["key"], set_aside[ids[0]]["value"]) == (
+        records[0].key,
+        records[0].value,
+    )
     assert "nested too deeply" in quarantine[deep]
     assert "'big' = 9223372036854775808 is outside a 64-bit integer" in quarantine[ids[0]]
     assert "'x' is too large for a double" in quarantine[ids[2]]
