@@ -40,7 +40,7 @@ test-broker: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy outbox cli stack migrations connect relay lake reconcile examples
+	$(BIN)/mypy -p outbox -p outbox_cli -p outbox_connect -p outbox_examples -p outbox_lake -p outbox_migrations -p outbox_reconcile -p outbox_relay -p outbox_stack
 
 ## bench: every benchmark, then docs/benchmarks.md with plots and JSON results (ARGS=--quick: smoke sizes)
 bench: $(STAMP)

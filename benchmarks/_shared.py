@@ -10,9 +10,9 @@ from collections.abc import Callable
 import psycopg
 import sqlalchemy as sa
 
-import migrations
+import outbox_migrations
 from outbox import Event, Outbox
-from stack.local import LocalStack
+from outbox_stack.local import LocalStack
 
 __all__ = [
     "engines_side_by_side",
@@ -40,7 +40,7 @@ def fresh_database(stack: LocalStack, name: str) -> str:
     url = cluster.url(name)
     engine = sa.create_engine(url)
     with engine.begin() as connection:
-        migrations.upgrade(connection)
+        outbox_migrations.upgrade(connection)
     engine.dispose()
     return url
 

@@ -32,13 +32,13 @@ import psycopg
 import sqlalchemy as sa
 from kafka import KafkaConsumer
 
-import migrations
+import outbox_migrations
 from benchmarks._results import Results
 from benchmarks._shared import engines_side_by_side, paced_writes, percentile
-from connect import ConnectClient, ConnectorSettings, render_connector_config
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import event_id_of, topic_for
-from stack.local import LocalStack, stack_on
+from outbox_connect import ConnectClient, ConnectorSettings, render_connector_config
+from outbox_stack.local import LocalStack, stack_on
 
 DATABASE = "outbox_bench_cdc"
 CDC_ROLE = "outbox_bench_cdc"
@@ -217,8 +217,8 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> d
     cluster.ensure_database(DATABASE)
     engine = sa.create_engine(cluster.url(DATABASE))
     with engine.begin() as connection:
-        migrations.upgrade(connection)
-        migrations.create_cdc_role(connection, CDC_ROLE, stack.cdc_password())
+        outbox_migrations.upgrade(connection)
+        outbox_migrations.create_cdc_role(connection, CDC_ROLE, stack.cdc_password())
     engine.dispose()
     conninfo = cluster.conninfo(DATABASE)
     outbox_settings = OutboxSettings()

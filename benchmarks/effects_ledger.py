@@ -3,8 +3,8 @@
 Each step is two short transactions (started; then lock, call, done): two commits. Shown:
 a one-row insert and commit (the disk's pace), steps per second with a call that does
 nothing (the ledger alone), a bare HTTP call to the
-local payment provider (examples/payment_provider.py), and the same call through the ledger,
-with the ratio to the bare call. Also the cost of skipping a done step (a redelivery).
+local payment provider (examples/outbox_examples/payment_provider.py), and the same call through the
+ledger, with the ratio to the bare call. Also the cost of skipping a done step (a redelivery).
 
     python -m benchmarks.effects_ledger                 # about 30 seconds
     python -m benchmarks.effects_ledger --steps 200
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-import migrations
+import outbox_migrations
 from benchmarks._results import Results
-from examples.payment_effects import ProviderClient
-from examples.payment_provider import PaymentProvider
 from outbox import Effects
 from outbox.effects import EffectStep
-from stack import PostgresCluster, StackSettings
+from outbox_examples.payment_effects import ProviderClient
+from outbox_examples.payment_provider import PaymentProvider
+from outbox_stack import PostgresCluster, StackSettings
 
 DATABASE = "outbox_bench_effects"
 
@@ -63,7 +63,7 @@ def main() -> None:
         cluster.ensure_database(DATABASE)
         engine = sa.create_engine(cluster.url(DATABASE), pool_size=2)
         with engine.begin() as connection:
-            migrations.upgrade(connection)
+            outbox_migrations.upgrade(connection)
         ledger = Effects(consumer=f"bench-{uuid.uuid4().hex[:6]}", begin=engine.begin)
         client = ProviderClient(provider.url)
         events = [str(uuid.uuid4()) for _ in range(steps)]

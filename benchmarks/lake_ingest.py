@@ -37,14 +37,14 @@ from kafka import KafkaProducer
 
 from benchmarks._results import Results
 from benchmarks._shared import fresh_database, paced_writes, percentile, postgres_and_broker
-from lake.delta_sink import EVENTS_SCHEMA, DeltaSink, parsed_frame
-from lake.job import run_ingest, spark_session
-from lake.settings import LakeSettings
 from outbox import OutboxSettings, new_event_id
 from outbox.core.contract import record_for
-from relay.service import Relay
-from relay.settings import RelaySettings
-from stack.local import LocalStack
+from outbox_lake.delta_sink import EVENTS_SCHEMA, DeltaSink, parsed_frame
+from outbox_lake.job import run_ingest, spark_session
+from outbox_lake.settings import LakeSettings
+from outbox_relay.service import Relay
+from outbox_relay.settings import RelaySettings
+from outbox_stack.local import LocalStack
 
 DATABASE = "outbox_bench_lake"
 
@@ -164,7 +164,7 @@ def latency(
     query_box: dict[str, Any] = {}
 
     def ingest() -> None:
-        from lake.job import read_raw
+        from outbox_lake.job import read_raw
 
         query_box["query"] = (
             read_raw(spark, settings, stack.bootstrap_servers)

@@ -1,11 +1,11 @@
 """The lake job on a Spark standalone cluster: ingest rate with one and with two workers.
 
-A master and N workers from the PySpark installation, on loopback (stack/spark_cluster.py),
-each worker with one core and 1 GiB; the same events (a topic of 4 partitions on the local
-broker) ingested once per cluster size with the real sink, and in local[2] for reference.
-On a 2-core machine the two-worker figure shows that the job spreads its read and parse over
-executors, not a speed-up the machine cannot give: the driver and the broker share the
-same two cores.
+A master and N workers from the PySpark installation, on loopback
+(stack/outbox_stack/spark_cluster.py), each worker with one core and 1 GiB; the same events (a topic
+of 4 partitions on the local broker) ingested once per cluster size with the real sink, and in
+local[2] for reference. On a 2-core machine the two-worker figure shows that the job spreads its
+read and parse over executors, not a speed-up the machine cannot give: the driver and the broker
+share the same two cores.
 
     python -m benchmarks.lake_scale_out [--events 40000]
 """
@@ -26,9 +26,9 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from benchmarks._shared import postgres_and_broker
 from benchmarks.lake_ingest import produce
-from lake.job import run_ingest, spark_session
-from lake.settings import LakeSettings
-from stack.spark_cluster import SparkCluster
+from outbox_lake.job import run_ingest, spark_session
+from outbox_lake.settings import LakeSettings
+from outbox_stack.spark_cluster import SparkCluster
 
 
 def produce_on_partitions(bootstrap: str, aggregate_type: str, events: int) -> None:

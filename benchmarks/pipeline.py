@@ -42,16 +42,16 @@ import psycopg
 import sqlalchemy as sa
 from kafka import KafkaConsumer
 
-import migrations
+import outbox_migrations
 from benchmarks._probes import CpuMeter, DeltaLogFollower, own_cpu_seconds
 from benchmarks._results import Results
 from benchmarks._shared import fresh_database, percentile
 from benchmarks.cdc_throughput import CDC_ROLE, drop_slots
-from connect import ConnectClient, ConnectorSettings, render_connector_config
-from lake.settings import LakeSettings
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import event_id_of, topic_for
-from stack.local import LocalStack
+from outbox_connect import ConnectClient, ConnectorSettings, render_connector_config
+from outbox_lake.settings import LakeSettings
+from outbox_stack.local import LocalStack
 
 DATABASE = "outbox_bench_pipeline"
 CONNECTOR = "benchpipeline"
@@ -224,7 +224,7 @@ def start_lake(stack: LocalStack, root: Path, aggregate_type: str, log: Path) ->
     }
     with log.open("wb") as output:
         return subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "lake", "ingest"],
+            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
             env=environment,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -272,7 +272,7 @@ def main() -> None:
     url = fresh_database(stack, DATABASE)
     engine = sa.create_engine(url)
     with engine.begin() as connection:
-        migrations.create_cdc_role(connection, CDC_ROLE, stack.cdc_password())
+        outbox_migrations.create_cdc_role(connection, CDC_ROLE, stack.cdc_password())
     engine.dispose()
     conninfo = stack.postgres.conninfo(DATABASE)
     connector = start_connector(stack)

@@ -35,13 +35,13 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-import migrations
-from lake.delta_sink import EVENTS, EVENTS_SCHEMA, typed_table_name
-from lake.progress import app_id
-from lake.typed_rows import TYPED_BASE
+import outbox_migrations
 from outbox.core.contract import headers_for, topic_for
-from stack import PostgresCluster, StackSettings
-from stack.broker import TansuBroker
+from outbox_lake.delta_sink import EVENTS, EVENTS_SCHEMA, typed_table_name
+from outbox_lake.progress import app_id
+from outbox_lake.typed_rows import TYPED_BASE
+from outbox_stack import PostgresCluster, StackSettings
+from outbox_stack.broker import TansuBroker
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = 4
@@ -157,7 +157,16 @@ def produce_and_land(bootstrap: str, lake: Path, prefix: str, start: int, count:
 def reconcile(env: dict[str, str]) -> tuple[int, float, dict[str, Any]]:
     started = time.monotonic()
     done = subprocess.run(
-        ["/usr/bin/time", "-v", sys.executable, "-m", "cli.main", "reconcile", "--json", "-q"],
+        [
+            "/usr/bin/time",
+            "-v",
+            sys.executable,
+            "-m",
+            "outbox_cli.main",
+            "reconcile",
+            "--json",
+            "-q",
+        ],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -201,7 +210,7 @@ def main() -> None:
         url = cluster.url("reconcile_bench")
         engine = sa.create_engine(url)
         with engine.begin() as connection:
-            migrations.upgrade(connection)
+            outbox_migrations.upgrade(connection)
         engine.dispose()
         prefix = f"b{uuid.uuid4().hex[:6]}"
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)

@@ -36,9 +36,9 @@ from benchmarks._results import Results
 from benchmarks._shared import engines_side_by_side, fresh_database
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for
-from relay.service import Relay
-from relay.settings import RelaySettings
-from stack.local import LocalStack, stack_on
+from outbox_relay.service import Relay
+from outbox_relay.settings import RelaySettings
+from outbox_stack.local import LocalStack, stack_on
 
 DATABASE = "outbox_bench_relay"
 

@@ -44,10 +44,10 @@ from dataclasses import dataclass
 import psycopg
 import sqlalchemy as sa
 
-import migrations
+import outbox_migrations
 from benchmarks._results import Results
 from outbox import Event, Outbox, OutboxSettings
-from stack import PostgresCluster
+from outbox_stack import PostgresCluster
 
 DATABASE = "outbox_bench"
 INSERT_ORDER = "INSERT INTO bench_orders (customer, total) VALUES (%s, %s)"
@@ -213,7 +213,7 @@ def prepare(cluster: PostgresCluster) -> str:
     cluster.ensure_database(DATABASE)
     engine = sa.create_engine(cluster.url(DATABASE))
     with engine.begin() as connection:
-        migrations.upgrade(connection)
+        outbox_migrations.upgrade(connection)
         connection.exec_driver_sql(
             "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, customer text NOT NULL, "
             "total numeric(12, 2) NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"

@@ -11,7 +11,7 @@ def run_outbox(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "outbox_cli.main", *args],
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,

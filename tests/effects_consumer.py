@@ -2,14 +2,14 @@
 
 Settings from the environment: ``OUTBOX_DATABASE_URL``, ``EFFECTS_BOOTSTRAP``,
 ``EFFECTS_TOPIC``, ``EFFECTS_GROUP``, ``EFFECTS_PROVIDER`` (URL), ``EFFECTS_MODE`` (``inbox``:
-``IdempotentConsumer`` from examples/payment_effects.py; ``plain``: a bare Kafka loop that
-calls the ledger for every record, so every duplicate reaches it), ``EFFECTS_LOOKUP`` (1/0),
-``EFFECTS_CRASH_PLAN`` (``point:n,...`` with point ``before_call``, ``after_call`` or
+``IdempotentConsumer`` from examples/outbox_examples/payment_effects.py; ``plain``: a bare Kafka
+loop that calls the ledger for every record, so every duplicate reaches it), ``EFFECTS_LOOKUP``
+(1/0), ``EFFECTS_CRASH_PLAN`` (``point:n,...`` with point ``before_call``, ``after_call`` or
 ``after_done``, n the order number in the payload) and ``EFFECTS_CRASH_MARKS`` (a folder).
 
 At a planned point the process SIGKILLs itself, once: a mark file says it already did.
-Released steps are performed at start-up, as examples/payment_effects.py does. Runs until
-SIGTERM.
+Released steps are performed at start-up, as examples/outbox_examples/payment_effects.py does. Runs
+until SIGTERM.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 from kafka import KafkaConsumer
 from sqlalchemy import create_engine
 
-from examples import payment_effects
 from outbox.consumer import ReceivedEvent
 from outbox.core.contract import parse_record
 from outbox.effects import Effects, EffectStep
+from outbox_examples import payment_effects
 
 FAST_GROUP = {
     "session_timeout_ms": 6000,

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import pytest
 import sqlalchemy as sa
 
-import migrations
-from connect import ConnectClient, ConnectorSettings, render_connector_config
+import outbox_migrations
 from outbox import OutboxSettings
+from outbox_connect import ConnectClient, ConnectorSettings, render_connector_config
 from tests.fix_postgres import ScratchDatabase
 from tests.fix_stack import KafkaServices
 from tests.kafka_read import read_count, read_until
@@ -54,7 +54,9 @@ def cdc_path_for(kafka_services: KafkaServices, db: ScratchDatabase) -> Iterator
     )
     engine = sa.create_engine(db.url)
     with engine.begin() as connection:
-        migrations.create_cdc_role(connection, connector.database_user, kafka_services.cdc_password)
+        outbox_migrations.create_cdc_role(
+            connection, connector.database_user, kafka_services.cdc_password
+        )
     client = ConnectClient(connector.url)
     client.apply(connector.name, render_connector_config(connector, OutboxSettings()))
     client.wait_running(connector.name, timeout=120)
@@ -91,7 +93,7 @@ def cdc(kafka_services: KafkaServices) -> Iterator[CdcPath]:
     db.cluster.ensure_database(db.name)
     engine = sa.create_engine(db.url)
     with engine.begin() as connection:
-        migrations.upgrade(connection)
+        outbox_migrations.upgrade(connection)
     engine.dispose()
     with cdc_path_for(kafka_services, db) as path:
         yield path

@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-import migrations
-from stack import PostgresCluster, StackSettings
+import outbox_migrations
+from outbox_stack import PostgresCluster, StackSettings
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def database(cluster: PostgresCluster) -> Iterator[ScratchDatabase]:
     db = _create_database(cluster, "sdk")
     engine = sa.create_engine(db.url)
     with engine.begin() as connection:
-        migrations.upgrade(connection)
+        outbox_migrations.upgrade(connection)
     engine.dispose()
     yield db
     cluster.drop_database(db.name)

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-import migrations
+import outbox_migrations
 from outbox import OutboxSettings
-from relay.service import Relay
-from relay.settings import RelaySettings
+from outbox_relay.service import Relay
+from outbox_relay.settings import RelaySettings
 from tests.fix_postgres import ROOT, ScratchDatabase, free_port
 from tests.fix_stack import KafkaServices
 
@@ -56,7 +56,7 @@ class RelayProcess:
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cli.main", "relay", "run"],
+                [sys.executable, "-m", "outbox_cli.main", "relay", "run"],
                 env={**os.environ, **self.env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -168,7 +168,7 @@ def relay_bench(kafka_services: KafkaServices, tmp_path: Path) -> Iterator[Relay
     database.cluster.ensure_database(database.name)
     engine = sa.create_engine(database.url)
     with engine.begin() as connection:
-        migrations.upgrade(connection)
+        outbox_migrations.upgrade(connection)
     engine.dispose()
     bench = RelayBench(database, kafka_services, tmp_path)
     try:

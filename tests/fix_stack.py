@@ -25,10 +25,10 @@ from typing import Literal
 
 import pytest
 
-from stack import PostgresCluster
-from stack.broker import TansuBroker
-from stack.connect import ConnectWorker
-from stack.settings import StackSettings
+from outbox_stack import PostgresCluster
+from outbox_stack.broker import TansuBroker
+from outbox_stack.connect import ConnectWorker
+from outbox_stack.settings import StackSettings
 from tests.fix_postgres import ROOT, free_port
 
 Storage = Literal["s3", "memory"]

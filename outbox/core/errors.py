@@ -25,7 +25,7 @@ Tree (domain, then condition)::
         └── EffectStateError
 
 Standard library only: the packages that raise these re-export them where they always were
-(``outbox.core.contract.ContractViolation``, ``stack.errors.StackError``, ...).
+(``outbox.core.contract.ContractViolation``, ``outbox_stack.errors.StackError``, ...).
 """
 
 from __future__ import annotations

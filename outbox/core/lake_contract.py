@@ -7,8 +7,8 @@ that breaks one of these rules lands in ``events`` all the same, and its typed r
 (``OUTBOX_LAKE_CONTRACT``: ``warn`` by default, ``strict`` to refuse, ``off``), so a payload
 the typed table would set aside is caught in the application's own tests.
 
-One definition, used by both: the lake's typing planner (lake/typed_rows.py) and the SDK.
-(Pure: standard library only.)
+One definition, used by both: the lake's typing planner (lake/outbox_lake/typed_rows.py) and the
+SDK. (Pure: standard library only.)
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from stack.broker import TansuBroker
+from outbox_stack.broker import TansuBroker
 from tests.fix_postgres import free_port
 from tests.fix_stack import Storage, stack_settings
 

@@ -11,10 +11,10 @@ import sqlalchemy as sa
 from kafka import KafkaProducer
 from sqlalchemy.orm import Session
 
-from examples import order_service, shipping_service
 from outbox import Event, Outbox
 from outbox.consumer import IdempotentConsumer, ReceivedEvent
 from outbox.core.contract import event_id_of, topic_for
+from outbox_examples import order_service, shipping_service
 from tests.fix_relay import RelayBench, wait_until
 from tests.kafka_read import read_until
 

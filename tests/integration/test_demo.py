@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stack import PostgresCluster, StackSettings
-from stack.demo import LAKE_JOB_READY
-from stack.local import LocalStack
+from outbox_stack import PostgresCluster, StackSettings
+from outbox_stack.demo import LAKE_JOB_READY
+from outbox_stack.local import LocalStack
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
 from tests.fix_stack import free_object_store_port

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 
-from examples.payment_provider import PaymentProvider
 from outbox.core.contract import record_for, topic_for
 from outbox.core.effects import idempotency_key
+from outbox_examples.payment_provider import PaymentProvider
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT
 from tests.fix_relay import RelayBench
@@ -206,7 +206,8 @@ def resolve_as_an_operator(
             args = ["release", "billing", events[n], "charge"]
         decided = run_outbox("effects", *args, env=env)
         assert decided.returncode == 0, decided.stderr
-    # The next start performs the released charge (examples/payment_effects.py does too).
+    # The next start performs the released charge (examples/outbox_examples/payment_effects.py does
+    # too).
     done = bench.run_until(lambda: all(s[0] == "done" for s in bench.steps().values()))
     assert done is None
     counts = bench.provider.counts()
@@ -226,8 +227,8 @@ def resolve_as_an_operator(
 def test_the_provider_counts_and_finds_by_key() -> None:
     provider = PaymentProvider().start()
     try:
-        from examples.payment_effects import ProviderClient
         from outbox.effects import EffectNotPerformedError, EffectStep
+        from outbox_examples.payment_effects import ProviderClient
 
         client = ProviderClient(provider.url)
         step = EffectStep("billing", "e1", "charge", uuid.uuid4(), 1, {"amount": "1.00"})

@@ -9,10 +9,10 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-import migrations
+import outbox_migrations
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
-from relay.service import Relay
+from outbox_relay.service import Relay
 from tests.cli import run_outbox
 from tests.fix_cdc import cdc_path_for
 from tests.fix_postgres import ScratchDatabase
@@ -65,7 +65,7 @@ def test_cleanup_mode_never_publishes_even_when_cdc_is_silent(relay_bench: Relay
 def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchDatabase) -> None:
     engine = sa.create_engine(empty_database.url)
     with engine.begin() as connection:
-        migrations.upgrade(connection)
+        outbox_migrations.upgrade(connection)
     engine.dispose()
     with empty_database.connect() as connection:
         for age in ("2 days", "1 minute"):  # dedup window 24 h, inbox 7 days, letters 30 days

@@ -164,7 +164,7 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
     env = lake_env(root, prefix, relay_bench, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="2000")
     log = (tmp_path / "ingest.log").open("wb")
     job = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "lake", "ingest"],
+        [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -191,7 +191,7 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
 
     # Restarted, continuous: it resumes, and finds a topic created after it started.
     job = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "lake", "ingest"],
+        [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         stdout=(tmp_path / "ingest2.log").open("wb"),
         stderr=subprocess.STDOUT,

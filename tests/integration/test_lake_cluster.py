@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lake.delta_sink import typed_table_name
-from stack.spark_cluster import SparkCluster
+from outbox_lake.delta_sink import typed_table_name
+from outbox_stack.spark_cluster import SparkCluster
 from tests.fix_stack import KafkaServices
 from tests.integration.test_lake_integrity import contract_record, env_for, ingested, rows, send
 

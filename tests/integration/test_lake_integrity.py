@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from lake.delta_sink import typed_table_name
 from outbox import Event, Outbox, new_event_id
 from outbox.core.contract import record_for, topic_for
+from outbox_lake.delta_sink import typed_table_name
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
 from tests.fix_relay import RelayBench, wait_until
@@ -515,7 +515,7 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
     log = tmp_path / "ingest.log"
     with log.open("wb") as out:
         job = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "lake", "ingest"],
+            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -82,13 +82,13 @@ def test_a_publisher_role_publishes_and_cannot_read_events(
 
 
 def test_a_consumer_role_claims_and_cleans_up(database: ScratchDatabase) -> None:
-    import migrations
+    import outbox_migrations
 
     name, password = make_role(database, "app_consumer")
     engine = sa.create_engine(database.url)
     try:
         with engine.begin() as connection:
-            migrations.grant_consumer(connection, name, consumers=["ledger"])
+            outbox_migrations.grant_consumer(connection, name, consumers=["ledger"])
     finally:
         engine.dispose()
     try:
@@ -233,13 +233,13 @@ def test_a_consumer_cannot_touch_another_services_inbox_or_ledger(
 
 
 def test_the_cdc_role_reads_the_outbox_and_nothing_else(database: ScratchDatabase) -> None:
-    import migrations
+    import outbox_migrations
 
     name, password = f"cdc_{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(12)
     engine = sa.create_engine(database.url)
     try:
         with engine.begin() as connection:
-            migrations.create_cdc_role(connection, name, password)
+            outbox_migrations.create_cdc_role(connection, name, password)
     finally:
         engine.dispose()
     try:

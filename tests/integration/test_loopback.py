@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import PostgresCluster
+from outbox_stack import PostgresCluster
 from tests.fix_stack import KafkaServices
 
 pytestmark = pytest.mark.timeout(240)
@@ -23,8 +23,8 @@ LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's state column
 
 SPARK_DRIVER = """
 import sys
-from lake.job import spark_session
-from lake.settings import LakeSettings
+from outbox_lake.job import spark_session
+from outbox_lake.settings import LakeSettings
 spark = spark_session(LakeSettings())
 spark.range(10).count()  # executors and the block manager are up
 print("ready", flush=True)
@@ -93,7 +93,7 @@ def is_loopback(address: str) -> bool:
 
 @pytest.fixture
 def spark_driver(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
-    """A Spark session as the lake job makes it (`lake.job.spark_session`), in a process."""
+    """A Spark session as the lake job makes it (`outbox_lake.job.spark_session`), in a process."""
     process = subprocess.Popen(
         [sys.executable, "-c", SPARK_DRIVER],
         stdin=subprocess.PIPE,

@@ -13,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-import migrations
+import outbox_migrations
 from outbox import Event, Outbox, OutboxSettings
 from tests.cli import run_outbox
 from tests.fix_postgres import ScratchDatabase
@@ -24,7 +24,7 @@ APP_ENV = """
 from alembic import context
 from sqlalchemy import create_engine
 
-import migrations as outbox_migrations
+import outbox_migrations
 
 engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
 with engine.connect() as connection:
@@ -96,7 +96,7 @@ OUTBOX_TABLES = {
     "outbox.outbox_alembic_version",
 }
 # The newest revision of the chain (re-linked when branches merge), not a literal.
-HEAD = ScriptDirectory(str(migrations.SCRIPT_LOCATION)).get_current_head()
+HEAD = ScriptDirectory(str(outbox_migrations.SCRIPT_LOCATION)).get_current_head()
 
 
 def test_upgrade_downgrade_upgrade_beside_an_application_history(
@@ -108,19 +108,19 @@ def test_upgrade_downgrade_upgrade_beside_an_application_history(
     engine = sa.create_engine(empty_database.url)
     try:
         with engine.begin() as connection:
-            migrations.upgrade(connection)
+            outbox_migrations.upgrade(connection)
         assert OUTBOX_TABLES | {"public.app_things", "public.alembic_version"} <= tables_in(
             empty_database
         )
         with engine.begin() as connection:
-            assert migrations.current(connection) == HEAD
-            migrations.downgrade(connection, "base")
+            assert outbox_migrations.current(connection) == HEAD
+            outbox_migrations.downgrade(connection, "base")
         assert tables_in(empty_database) & OUTBOX_TABLES == {"outbox.outbox_alembic_version"}
         with empty_database.connect() as connection:
             assert connection.execute("SELECT count(*) FROM pg_publication").fetchone() == (0,)
         with engine.begin() as connection:
-            migrations.upgrade(connection)
-            assert migrations.current(connection) == HEAD
+            outbox_migrations.upgrade(connection)
+            assert outbox_migrations.current(connection) == HEAD
     finally:
         engine.dispose()
     assert app_revision(empty_database) == "app_0001", "the application's history is untouched"
@@ -152,8 +152,8 @@ def test_configured_schema_and_table_names(empty_database: ScratchDatabase) -> N
     engine = sa.create_engine(empty_database.url)
     try:
         with engine.begin() as connection:
-            migrations.upgrade(connection, settings=settings)
-            assert migrations.current(connection, settings=settings) == HEAD
+            outbox_migrations.upgrade(connection, settings=settings)
+            assert outbox_migrations.current(connection, settings=settings) == HEAD
     finally:
         engine.dispose()
     with empty_database.connect() as connection, connection.transaction():

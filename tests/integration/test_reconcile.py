@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from deltalake import DeltaTable, write_deltalake
 from kafka import KafkaProducer
 
-import migrations
+import outbox_migrations
 from outbox import Event, Outbox
 from tests.cli import run_outbox
 from tests.fix_postgres import ScratchDatabase
@@ -85,7 +85,7 @@ def pipeline(
     database.cluster.ensure_database(database.name)
     engine = sa.create_engine(database.url)
     with engine.begin() as connection:
-        migrations.upgrade(connection)
+        outbox_migrations.upgrade(connection)
     engine.dispose()
     prefix = f"r{uuid.uuid4().hex[:8]}"
     event_ids: list[str] = []

@@ -17,7 +17,7 @@ import pytest
 
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
-from relay.service import Relay
+from outbox_relay.service import Relay
 from tests.cli import run_outbox
 from tests.fix_relay import RelayBench, wait_until
 from tests.kafka_read import read_until

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-import migrations
+import outbox_migrations
 from tests.cli import run_outbox
 from tests.fix_cdc import CdcPath
 from tests.fix_postgres import ScratchDatabase
@@ -74,10 +74,10 @@ def test_relay_roles_granted_before_the_lease_may_lead_after_the_upgrade(
     engine = sa.create_engine(empty_database.url)
     try:
         with engine.begin() as connection:
-            migrations.upgrade(connection, "outbox_0003")
+            outbox_migrations.upgrade(connection, "outbox_0003")
             connection.execute(sa.text(f'CREATE ROLE "{role}"'))
             connection.execute(sa.text(f'GRANT SELECT, DELETE ON outbox.outbox TO "{role}"'))
-            migrations.upgrade(connection)
+            outbox_migrations.upgrade(connection)
             allowed = connection.execute(
                 sa.text(
                     "SELECT has_table_privilege(:role, 'outbox.outbox_relay_lease', "

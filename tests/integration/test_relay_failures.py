@@ -23,9 +23,9 @@ from kafka.future import Future
 
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
-from relay.producer import ContractProducer
-from relay.service import Relay
-from relay.settings import RelaySettings
+from outbox_relay.producer import ContractProducer
+from outbox_relay.service import Relay
+from outbox_relay.settings import RelaySettings
 from tests.fix_relay import RelayBench, wait_until
 from tests.kafka_read import read_until
 
@@ -80,7 +80,7 @@ def test_transient_refusals_wait_in_order_while_other_aggregates_flow(
 ) -> None:
     refused_type, healthy_type = f"x{uuid.uuid4().hex[:10]}", f"h{uuid.uuid4().hex[:10]}"
     broker = RefusingBroker(topic_for(refused_type))
-    monkeypatch.setattr("relay.sender.ContractProducer", broker.producer_class())
+    monkeypatch.setattr("outbox_relay.sender.ContractProducer", broker.producer_class())
     written: dict[str, list[uuid.UUID]] = {refused_type: [], healthy_type: []}
     with relay_bench.database.connect() as connection:
         for n in range(30):  # one transaction each, interleaved: one position order
@@ -127,7 +127,7 @@ def test_a_row_is_sorted_by_the_brokers_answer() -> None:
     """The pure decision behind it: permanent for the record, or not."""
     from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
-    from relay.failures import is_permanent, is_unreachable
+    from outbox_relay.failures import is_permanent, is_unreachable
 
     assert is_permanent(MessageSizeTooLargeError())
     for error in TRANSIENT:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from outbox.core.contract import event_id_of, topic_for
-from relay.service import Relay
+from outbox_relay.service import Relay
 from tests.fix_cdc import cdc_path_for
 from tests.fix_relay import RelayBench, wait_until
 from tests.kafka_read import read_until

@@ -20,10 +20,10 @@ import pytest
 
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
-from relay.health import HealthServer
-from relay.service import Relay
-from stack.broker import TansuBroker
-from stack.settings import StackSettings
+from outbox_relay.health import HealthServer
+from outbox_relay.service import Relay
+from outbox_stack.broker import TansuBroker
+from outbox_stack.settings import StackSettings
 from tests.fix_postgres import ROOT, free_port
 from tests.fix_proxy import TcpProxy
 from tests.fix_relay import RelayBench, wait_until
@@ -178,7 +178,7 @@ def test_the_leaders_session_gives_up_on_a_dead_network_in_seconds(
     """Server side (what frees a dead leader's session in PostgreSQL) and client side: TCP
     keepalives after 5 s idle, 3 probes 2 s apart, and tcp_user_timeout = the lease."""
     from outbox import OutboxSettings
-    from relay.database import RelayDatabase
+    from outbox_relay.database import RelayDatabase
 
     database = RelayDatabase(relay_bench.database.url, OutboxSettings().tables, 7.0)
     database.connect()

@@ -18,10 +18,10 @@ import pytest
 from kafka import KafkaProducer
 
 from outbox.settings import KafkaSettings
-from stack import PostgresCluster, StackSettings
-from stack.broker import TansuBroker
-from stack.local import LocalStack
-from stack.server_home import outside_home
+from outbox_stack import PostgresCluster, StackSettings
+from outbox_stack.broker import TansuBroker
+from outbox_stack.local import LocalStack
+from outbox_stack.server_home import outside_home
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
 from tests.fix_stack import free_object_store_port
@@ -182,7 +182,7 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         return run_outbox("stack", *args, env=env, timeout=240)
 
     def after_eval(command: str) -> subprocess.CompletedProcess[str]:
-        cli = f"{shlex.quote(sys.executable)} -m cli.main stack"
+        cli = f"{shlex.quote(sys.executable)} -m outbox_cli.main stack"
         return subprocess.run(
             ["bash", "-c", f'eval "$({cli} env)" && {cli} {command}'],
             env={**os.environ, **env},

@@ -22,11 +22,11 @@ import pytest
 import sqlalchemy as sa
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-import migrations
+import outbox_migrations
 from outbox.core.contract import topic_for
-from relay.cdc_watch import CdcWatch
-from stack.object_store import BUCKET
-from stack.process import ServiceProcess
+from outbox_relay.cdc_watch import CdcWatch
+from outbox_stack.object_store import BUCKET
+from outbox_stack.process import ServiceProcess
 from tests.fix_cdc import CdcPath, cdc_path_for
 from tests.fix_postgres import ScratchDatabase
 from tests.fix_relay import RelayBench, wait_until
@@ -45,7 +45,7 @@ def durable_cdc(durable_services: KafkaServices) -> Iterator[CdcPath]:
     db.cluster.ensure_database(db.name)
     engine = sa.create_engine(db.url)
     with engine.begin() as connection:
-        migrations.upgrade(connection)
+        outbox_migrations.upgrade(connection)
     engine.dispose()
     with cdc_path_for(durable_services, db) as path:
         yield path

@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from stack import PostgresCluster
-from stack.connect import CONNECTOR_SECRETS, INHERITED_VARIABLES
+from outbox_stack import PostgresCluster
+from outbox_stack.connect import CONNECTOR_SECRETS, INHERITED_VARIABLES
 from tests.fix_stack import KafkaServices
 
 pytestmark = pytest.mark.timeout(180)

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from kafka import KafkaProducer
 
-from stack.connect import OUTBOX_EVENT_ROUTER, POSTGRES_CONNECTOR
+from outbox_stack.connect import OUTBOX_EVENT_ROUTER, POSTGRES_CONNECTOR
 from tests.fix_stack import KafkaServices
 from tests.kafka_read import read_count
 

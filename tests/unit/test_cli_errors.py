@@ -14,8 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli._common import friendly_errors, show_tracebacks
-from cli.main import app
+from outbox_cli._common import friendly_errors, show_tracebacks
+from outbox_cli.main import app
 
 
 def _closed_port() -> int:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import yaml
 
-from connect.settings import ConnectorSettings
-from lake.settings import LakeSettings
-from relay.settings import RelaySettings
-from stack.artifacts import CONNECT_WHEEL
-from stack.connect import CONNECT_GROUP, ConnectWorker
-from stack.settings import StackSettings
+from outbox_connect.settings import ConnectorSettings
+from outbox_lake.settings import LakeSettings
+from outbox_relay.settings import RelaySettings
+from outbox_stack.artifacts import CONNECT_WHEEL
+from outbox_stack.connect import CONNECT_GROUP, ConnectWorker
+from outbox_stack.settings import StackSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "docker-compose.yml").read_text()
@@ -108,7 +108,7 @@ def test_outbox_variables_are_real_settings() -> None:
     for service in ("migrate", "connector"):
         names = set(SERVICES[service]["environment"])
         assert names <= known, names - known
-    connector_file = (ROOT / "connect" / "outbox-connector.json").read_text()
+    connector_file = (ROOT / "connect" / "outbox_connect" / "outbox-connector.json").read_text()
     assert "${env:OUTBOX_CONNECT_DATABASE_PASSWORD}" in connector_file
     assert re.findall(r"\{\{(\w+)\}\}", connector_file), "the file is the shared template"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from relay.handover import Handover
+from outbox_relay.handover import Handover
 
 
 def ids(n: int) -> list[uuid.UUID]:

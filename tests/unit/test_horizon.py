@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relay.horizon import Horizon
+from outbox_relay.horizon import Horizon
 
 
 @dataclass

@@ -9,9 +9,9 @@ import pytest
 from kafka import TopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from lake.kafka_source import DataLossError, _KafkaStreamReader
-from lake.records import event_time_of, parse_one
 from outbox import new_event_id
+from outbox_lake.kafka_source import DataLossError, _KafkaStreamReader
+from outbox_lake.records import event_time_of, parse_one
 
 
 class Answers(_KafkaStreamReader):
@@ -186,7 +186,7 @@ def test_a_recreated_topic_that_is_shorter_is_detected_by_the_scan() -> None:
 
 
 def read_all(reader: _KafkaStreamReader, log: FakeLog, start: int, end: int) -> list[int]:
-    import lake.kafka_source as source
+    import outbox_lake.kafka_source as source
 
     source._WORKER_CONSUMERS["unused:1"] = log
     try:
@@ -215,7 +215,7 @@ def test_read_reports_an_offset_out_of_range_as_data_loss() -> None:
 
 
 def test_read_parses_while_it_reads_when_asked() -> None:
-    import lake.kafka_source as source
+    import outbox_lake.kafka_source as source
 
     log = FakeLog({A0: [0, 1]})
     reader = scanning_reader(log)

@@ -9,7 +9,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("outbox", "cli", "relay", "lake", "connect", "stack", "migrations", "reconcile")
+# Each package and the folder that holds it (relay/outbox_relay/, as psycopg_pool/psycopg_pool/).
+PACKAGES = {
+    "outbox": "outbox",
+    "outbox_cli": "cli/outbox_cli",
+    "outbox_relay": "relay/outbox_relay",
+    "outbox_lake": "lake/outbox_lake",
+    "outbox_connect": "connect/outbox_connect",
+    "outbox_stack": "stack/outbox_stack",
+    "outbox_migrations": "migrations/outbox_migrations",
+    "outbox_reconcile": "reconcile/outbox_reconcile",
+}
 STDLIB = set(sys.stdlib_module_names)
 # The one third-party module the core may use: UUIDv7 (the standard library has it from 3.14).
 CORE_ALLOWED = {"uuid_utils"}
@@ -26,8 +36,8 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-def sources(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py")) if (ROOT / package).is_dir() else []
+def sources(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py")) if (ROOT / folder).is_dir() else []
 
 
 def test_the_core_imports_only_the_standard_library_and_itself() -> None:
@@ -41,13 +51,13 @@ def test_the_core_imports_only_the_standard_library_and_itself() -> None:
 
 
 def test_nothing_imports_the_cli_and_the_sdk_imports_no_floor_above_it() -> None:
-    above_sdk = {"cli", "relay", "lake", "connect", "stack", "migrations", "reconcile"}
+    above_sdk = set(PACKAGES) - {"outbox"}
     offenders = set()
-    for package in PACKAGES:
-        for path in sources(package):
+    for package, folder in PACKAGES.items():
+        for path in sources(folder):
             for name in imports_of(path):
                 top = name.split(".")[0]
-                if top == "cli" and package != "cli":
+                if top == "outbox_cli" and package != "outbox_cli":
                     offenders.add(f"{path.relative_to(ROOT)} imports {name}")
                 if package == "outbox" and top in above_sdk:
                     offenders.add(f"{path.relative_to(ROOT)} imports {name}")
@@ -56,7 +66,7 @@ def test_nothing_imports_the_cli_and_the_sdk_imports_no_floor_above_it() -> None
 
 def test_importing_the_sdk_and_the_contract_loads_no_database_kafka_or_spark_library() -> None:
     probe = (
-        "import sys, outbox, outbox.core.contract, lake.records\n"
+        "import sys, outbox, outbox.core.contract, outbox_lake.records\n"
         "heavy = ('sqlalchemy', 'psycopg', 'pydantic_settings', 'kafka', 'pyspark', 'deltalake')\n"
         "print(','.join(m for m in heavy if m in sys.modules))\n"
     )

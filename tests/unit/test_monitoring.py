@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from outbox import effect_metrics
 from outbox.effect_metrics import EffectsMetrics
-from reconcile.metrics import ReconcileMetrics
-from relay.metrics import RelayMetrics
+from outbox_reconcile.metrics import ReconcileMetrics
+from outbox_relay.metrics import RelayMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "monitoring" / "outbox-alerts.yml"
@@ -43,9 +43,9 @@ def exported(registry: CollectorRegistry) -> set[str]:
 
 
 def lake_registries() -> list[CollectorRegistry]:
-    """The registries lake/metrics.py defines: module-level ones, and those of its
+    """The registries lake/outbox_lake/metrics.py defines: module-level ones, and those of its
     ``*Metrics`` classes (built without arguments, as RelayMetrics is)."""
-    module = importlib.import_module("lake.metrics")
+    module = importlib.import_module("outbox_lake.metrics")
     found = [value for value in vars(module).values() if isinstance(value, CollectorRegistry)]
     for name, value in vars(module).items():
         if (
@@ -150,12 +150,12 @@ def test_every_lake_metric_named_exists_in_lake_metrics() -> None:
         registries = lake_registries()
     except ModuleNotFoundError:
         pytest.fail(
-            f"lake/metrics.py does not exist: the rules and dashboard name {sorted(lake)}; "
+            f"outbox_lake.metrics does not exist: the rules and dashboard name {sorted(lake)}; "
             "they must be exported by the lake job's metrics"
         )
-    assert registries, "lake/metrics.py defines no CollectorRegistry nor *Metrics class"
+    assert registries, "lake/outbox_lake/metrics.py defines no CollectorRegistry nor *Metrics class"
     known = set().union(*(exported(registry) for registry in registries))
     assert lake - known == set(), (
-        f"named in monitoring/ but not exported by lake/metrics.py: {sorted(lake - known)}; "
+        f"named in monitoring/ but not exported by outbox_lake.metrics: {sorted(lake - known)}; "
         f"it exports {sorted(known)}"
     )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from relay.horizon import Horizon
-from relay.parking import Parking
+from outbox_relay.horizon import Horizon
+from outbox_relay.parking import Parking
 
 
 def test_an_aggregate_waits_with_doubling_pauses_until_delivered() -> None:

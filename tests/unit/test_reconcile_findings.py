@@ -8,10 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.evidence import Evidence
-from reconcile.findings import Report, compare
-from reconcile.metrics import ReconcileMetrics
-from reconcile.records import KafkaCopy, Malformed, Window, copy_of, event_time_ms, parse_moment
+from outbox_reconcile.evidence import Evidence
+from outbox_reconcile.findings import Report, compare
+from outbox_reconcile.metrics import ReconcileMetrics
+from outbox_reconcile.records import (
+    KafkaCopy,
+    Malformed,
+    Window,
+    copy_of,
+    event_time_ms,
+    parse_moment,
+)
 
 TOPIC = "outbox.event.order"
 TYPED = "aggregate_order"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stack.broker import same_servers
-from stack.local import shell_exports
-from stack.secrets import read_or_create_secret, write_secret
+from outbox_stack.broker import same_servers
+from outbox_stack.local import shell_exports
+from outbox_stack.secrets import read_or_create_secret, write_secret
 
 
 class WriteSpy:

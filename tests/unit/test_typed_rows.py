@@ -11,9 +11,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lake.delta_sink import first_copies, typed_table_name
-from lake.typed_rows import plan_typed_rows
 from outbox.core.lake_contract import payload_problems
+from outbox_lake.delta_sink import first_copies, typed_table_name
+from outbox_lake.typed_rows import plan_typed_rows
 
 
 def event(payload_text: str, **extra: Any) -> dict[str, Any]:

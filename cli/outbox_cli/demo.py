@@ -1,0 +1,111 @@
+"""``outbox demo``: the main job, the whole pipeline on the embedded default.
+
+The steps are :class:`outbox_stack.demo.DemoPipeline`'s and the report's queries are
+:mod:`outbox_lake.report`'s; this module only shows them: a spinner per step, a progress bar while
+the order service writes, the report from the lake (orders per status, events per type, the
+commit-to-queryable latency, which is freshness because the lake job ran while the orders
+were written), the log files (Spark's, Connect's, PostgreSQL's) and the next commands to try.
+No service writes to the console.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import typer
+
+from outbox_cli._common import configure_logging, load
+
+EXAMPLE_QUERY = "SELECT event_type, count(*) FROM events GROUP BY 1"
+
+
+def run_demo(
+    orders: int = typer.Option(40, "--orders", min=1, max=100_000, help="Orders to place."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Log each step; a traceback on error."
+    ),
+) -> None:
+    """Run the whole pipeline on the local stack and print a report from the lake."""
+    configure_logging(verbose)
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from outbox.core.contract import topic_for
+    from outbox.settings import KafkaSettings, OutboxSettings
+    from outbox_lake.settings import LakeSettings
+    from outbox_stack.demo import ORDER_TYPE, DemoPipeline
+    from outbox_stack.settings import StackSettings
+
+    console = Console()
+    demo = DemoPipeline(
+        load(OutboxSettings), load(StackSettings), load(KafkaSettings), load(LakeSettings)
+    )
+    stack = demo.stack
+    with console.status("starting PostgreSQL, the broker and Kafka Connect"):
+        demo.start_stack()
+    console.print(
+        f"[green]stack[/] postgres {stack.postgres.display_url()}, "
+        f"kafka {stack.bootstrap_servers}, connect {stack.connect.rest_url}"
+    )
+    demo.migrate()
+    console.print(f"[green]migrated[/] outbox schema {demo.settings.schema_name!r}, CDC role")
+    with console.status("applying the Debezium connector"):
+        connector = demo.apply_connector()
+    console.print(f"[green]connector[/] {connector} running")
+    lake_root = demo.lake_settings.root
+    with console.status("starting the lake's ingest job (Spark)"):
+        demo.start_lake_job()
+    try:
+        with console.status("warming up the lake job (its first batch starts Spark's workers)"):
+            demo.warm_up()
+        console.print(f"[green]lake job[/] running, ingesting into {lake_root}")
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("placing orders", total=orders)
+            summary = demo.place_orders(orders, lambda done: progress.advance(task, done))
+        console.print(
+            f"[green]order service[/] placed {summary.placed}, paid {summary.paid}, "
+            f"rejected {summary.rejected} (rolled back: no event), "
+            f"retried payments ignored {summary.duplicate_payments} (dedup key)"
+        )
+        events = summary.placed + summary.paid
+        topic = topic_for(ORDER_TYPE)
+        with console.status(f"waiting for CDC to deliver {events} events"):
+            demo.await_on_kafka(events)
+        console.print(f"[green]kafka[/] all {events} events on {topic}")
+        with console.status(f"waiting for the lake to hold {events} events"):
+            demo.await_in_lake(events)
+        console.print(f"[green]lake[/] all {events} events in {lake_root}")
+    finally:
+        with console.status("stopping the lake's ingest job"):
+            demo.stop_lake_job()
+    report = demo.report()
+
+    for title, columns, rows in (
+        ("lake: orders per status", ("status", "orders"), report.by_status),
+        ("lake: events per type", ("event type", "events"), report.by_type),
+    ):
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*(str(value) for value in row))
+        console.print(table)
+    if report.latency_p50 is not None and report.latency_p95 is not None:
+        console.print(
+            f"commit-to-queryable latency (event id time to lake ingest time): "
+            f"p50 {report.latency_p50:.1f} s, p95 {report.latency_p95:.1f} s "
+            "(the lake job ran while the orders were written)"
+        )
+    console.print("Logs:")
+    for name, path in demo.log_files():
+        console.print(f"  {name:<17} {path}", highlight=False, soft_wrap=True)
+    lake_env = f"OUTBOX_LAKE_ROOT={shlex.quote(lake_root)}"
+    next_steps = [
+        "The stack keeps running. Next, try:",
+        f"  {lake_env} outbox lake query {shlex.quote(EXAMPLE_QUERY)}",
+        f"  {lake_env} outbox lake tables",
+        "  outbox stack status",
+        "  outbox stack down      # stops the stack; its broker keeps its topics",
+    ]
+    console.print("\n".join(next_steps), highlight=False, soft_wrap=True)

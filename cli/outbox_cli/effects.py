@@ -1,0 +1,94 @@
+"""``outbox effects``: steps of the side-effect ledger that wait for an operator's decision.
+
+A step is parked when its call to a third party was cut short (a crash) and no lookup could
+tell whether the third party acted. Ask the third party about the step's idempotency key
+(``list`` prints it), then ``mark-done`` (it acted: give its reference) or ``release`` (it did
+not: the consumer calls once more, with the same key, at its next start).
+"""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from outbox_cli.db import DATABASE_URL_OPTION, _database
+
+app = typer.Typer(
+    help="Calls to third parties cut short by a crash: list them, decide them.",
+    no_args_is_help=True,
+)
+
+CONSUMER = typer.Argument(..., help="The consumer (the ledger's consumer name).")
+EVENT_ID = typer.Argument(..., help="The event id, as `outbox effects list` prints it.")
+EFFECT = typer.Argument(..., help="The effect's name, e.g. charge.")
+
+
+@app.command("list")
+def list_command(
+    consumer: str | None = typer.Option(None, "--consumer", help="Only this consumer's steps."),
+    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
+    database_url: str | None = DATABASE_URL_OPTION,
+) -> None:
+    """Print the steps that need a decision: names, idempotency key, age, reason, context."""
+    from datetime import UTC, datetime
+
+    from outbox.effect_decisions import steps_needing_decision
+
+    with _database(database_url) as (connection, settings):
+        steps = steps_needing_decision(
+            connection, consumer=consumer, limit=limit, settings=settings
+        )
+    now = datetime.now(UTC)
+    for step in steps:
+        waited = int((now - step.parked_at).total_seconds())
+        typer.echo(
+            f"{step.consumer}  {step.event_id}  {step.effect}  key={step.idempotency_key}  "
+            f"attempt={step.attempt}  parked {step.parked_at.isoformat()} ({waited} s ago)\n"
+            f"    context: {json.dumps(step.context)[:500]}\n"
+            f"    reason: {step.reason}"
+        )
+    typer.echo(f"{len(steps)} step(s) need a decision", err=True)
+
+
+@app.command("mark-done")
+def mark_done_command(
+    consumer: str = CONSUMER,
+    event_id: str = EVENT_ID,
+    effect: str = EFFECT,
+    reference: str | None = typer.Option(
+        None, "--reference", help="The third party's id for what it did (recommended)."
+    ),
+    database_url: str | None = DATABASE_URL_OPTION,
+) -> None:
+    """The third party did act: mark the step done; it is never called again."""
+    from outbox.effect_decisions import mark_done
+
+    with _database(database_url) as (connection, settings):
+        mark_done(
+            connection,
+            consumer=consumer,
+            event_id=event_id,
+            effect=effect,
+            reference=reference,
+            settings=settings,
+        )
+    typer.echo(f"{consumer}/{event_id}/{effect}: done")
+
+
+@app.command("release")
+def release_command(
+    consumer: str = CONSUMER,
+    event_id: str = EVENT_ID,
+    effect: str = EFFECT,
+    database_url: str | None = DATABASE_URL_OPTION,
+) -> None:
+    """The third party did not act: allow one more attempt (same idempotency key)."""
+    from outbox.effect_decisions import release
+
+    with _database(database_url) as (connection, settings):
+        release(connection, consumer=consumer, event_id=event_id, effect=effect, settings=settings)
+    typer.echo(
+        f"{consumer}/{event_id}/{effect}: released; the consumer calls once more when it "
+        "performs released steps (Effects.perform_released)"
+    )

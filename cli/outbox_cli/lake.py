@@ -1,0 +1,95 @@
+"""``outbox lake``: the ingest job, and the analysts' queries."""
+
+from __future__ import annotations
+
+import typer
+
+from outbox_cli._common import bootstrap_servers, fail, load
+
+app = typer.Typer(
+    help="The lake: ingest outbox topics into Delta tables; query them.", no_args_is_help=True
+)
+
+
+@app.command()
+def ingest(
+    available_now: bool = typer.Option(
+        False, "--available-now", help="Ingest what is on Kafka now, then stop."
+    ),
+) -> None:
+    """Run the Spark ingest job (continuous unless --available-now).
+
+    Settings: OUTBOX_LAKE_* (root, topic pattern, batch limit, trigger, Spark master) and
+    OUTBOX_KAFKA_BOOTSTRAP_SERVERS.
+    """
+    from outbox_lake.job import run_ingest
+    from outbox_lake.settings import LakeSettings
+    from outbox_relay.logs import configure_json_logging
+
+    settings = load(LakeSettings)
+    bootstrap = bootstrap_servers()
+    configure_json_logging("INFO")
+    try:
+        run_ingest(settings, bootstrap, available_now=available_now)
+    except Exception as error:
+        # Spark hands the source's errors back as Java exceptions whose text holds the
+        # Python one; ops get its first line, and the full trace is in the log above
+        # (and on stderr with --verbose).
+        reason = _python_error_in(str(error)) or f"{type(error).__name__}: {error}"
+        raise fail(f"lake ingest stopped: {reason}", error, code=1) from None
+
+
+def _python_error_in(text: str) -> str | None:
+    """``DataLossError: ...`` (or another error of ours) from a Spark exception's text."""
+    for name in ("DataLossError", "DeliveryTimeoutError", "TimeoutError", "ConfigurationError"):
+        marker = f"{name}: "
+        if marker in text:
+            return name + ": " + text.split(marker, 1)[1].split("\n", 1)[0].strip()
+    return None
+
+
+@app.command()
+def tables() -> None:
+    """List the lake's tables with row counts, versions and last update."""
+    from outbox_lake.query import list_tables
+    from outbox_lake.settings import LakeSettings
+
+    for table in list_tables(load(LakeSettings)):
+        updated = table.last_update.isoformat(timespec="seconds") if table.last_update else "-"
+        typer.echo(f"{table.name:<40} {table.rows:>12,} rows  v{table.version:<6} {updated}")
+
+
+@app.command()
+def query(
+    sql: str = typer.Argument(..., help="SQL over events, quarantine, aggregate_<type>."),
+) -> None:
+    """Run SQL over the lake tables (DuckDB over Arrow; no Spark), print a table."""
+    import duckdb
+
+    from outbox_lake.query import run_sql
+    from outbox_lake.settings import LakeSettings
+
+    try:
+        columns, rows = run_sql(load(LakeSettings), sql)
+    except duckdb.Error as error:
+        raise fail(f"query error: {error}", error) from None
+    typer.echo("\t".join(columns))
+    for row in rows:
+        typer.echo("\t".join("" if value is None else str(value) for value in row))
+
+
+@app.command()
+def maintain(
+    retention_hours: int = typer.Option(
+        168, "--retention-hours", min=0, help="Vacuum files removed longer ago than this."
+    ),
+) -> None:
+    """Compact small files, vacuum old ones, in every table (safe beside a running ingest)."""
+    from outbox_lake.maintenance import maintain as run_maintenance
+    from outbox_lake.settings import LakeSettings
+
+    for report in run_maintenance(load(LakeSettings), retention_hours=retention_hours):
+        typer.echo(
+            f"{report.table:<40} compacted {report.files_removed} files into "
+            f"{report.files_added}; vacuumed {report.vacuumed}"
+        )

@@ -1,0 +1,139 @@
+"""``outbox relay``: the polling relay, and its dead letters."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+from types import FrameType
+
+import typer
+
+from outbox_cli._common import bootstrap_servers, load
+
+app = typer.Typer(help="The polling relay: outbox rows to Kafka without CDC.", no_args_is_help=True)
+dead_letters_app = typer.Typer(
+    help="Rows the broker refused (too large, invalid): list them, replay them.",
+    no_args_is_help=True,
+)
+app.add_typer(dead_letters_app, name="dead-letters")
+
+
+@app.command()
+def run(
+    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    """Run the relay until SIGTERM or SIGINT (the batch in flight finishes; exit 0).
+
+    Settings: OUTBOX_RELAY_* (mode, batch size, grace, HTTP port, producer), plus
+    OUTBOX_DATABASE_URL and OUTBOX_KAFKA_BOOTSTRAP_SERVERS. Logs are JSON on stderr;
+    /healthz, /readyz and /metrics on OUTBOX_RELAY_HTTP_HOST:OUTBOX_RELAY_HTTP_PORT.
+    """
+    from outbox.settings import DatabaseSettings, OutboxSettings
+    from outbox_relay.health import HealthServer
+    from outbox_relay.logs import configure_json_logging
+    from outbox_relay.service import Relay
+    from outbox_relay.settings import RelaySettings
+
+    if log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        typer.secho("--log-level: use DEBUG, INFO, WARNING or ERROR", err=True, fg="red")
+        raise typer.Exit(2)
+    settings = load(RelaySettings)
+    database_url = load(DatabaseSettings).database_url.get_secret_value()
+    tables = load(OutboxSettings).tables
+    configure_json_logging(log_level.upper())
+    relay = Relay(
+        settings,
+        database_url=database_url,
+        bootstrap_servers=bootstrap_servers(),
+        tables=tables,
+    )
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    server = None
+    if settings.http_port:
+        server = HealthServer(settings.http_host, settings.http_port, relay.liveness, relay.metrics)
+        server.start()
+    try:
+        relay.run(stop)  # a start-up check that fails: its message, exit 2 (outbox_cli.main)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+@app.command()
+def health(
+    path: str = typer.Option("/healthz", "--path", help="/healthz or /readyz."),
+) -> None:
+    """Exit 0 when the local relay answers PATH with 200 (the container's health check)."""
+    import urllib.error
+    import urllib.request
+
+    from outbox_relay.settings import RelaySettings
+
+    settings = load(RelaySettings)
+    if path not in {"/healthz", "/readyz"}:
+        typer.secho("--path: /healthz or /readyz", err=True, fg="red")
+        raise typer.Exit(2)
+    url = f"http://127.0.0.1:{settings.http_port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as answer:
+            ok, body = answer.status == 200, answer.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        ok, body = False, error.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        ok, body = False, "not ok: no answer"
+    typer.echo(body.strip())  # "ok: leader: publishing (polling mode)" and the like
+    raise typer.Exit(0 if ok else 1)
+
+
+@dead_letters_app.command("list")
+def list_command(
+    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
+) -> None:
+    """Print the dead letters: event id, aggregate, type, size, when and why."""
+    from outbox.settings import DatabaseSettings, OutboxSettings
+    from outbox_relay.dead_letters import list_dead_letters
+
+    database_url = load(DatabaseSettings).database_url.get_secret_value()
+    letters = list_dead_letters(database_url, load(OutboxSettings).tables, limit)
+    for letter in letters:
+        typer.echo(
+            f"{letter.id}  {letter.aggregate_type}/{letter.aggregate_id}  {letter.event_type}  "
+            f"{letter.payload_bytes} bytes  {letter.failed_at.isoformat()}  {letter.reason}"
+        )
+    typer.echo(f"{len(letters)} dead letter(s)", err=True)
+
+
+EVENT_IDS_ARGUMENT = typer.Argument(None, help="Event ids; none: use --all.")
+
+
+@dead_letters_app.command("retry")
+def retry_command(
+    event_ids: list[str] | None = EVENT_IDS_ARGUMENT,
+    all_letters: bool = typer.Option(False, "--all", help="Replay every dead letter."),
+) -> None:
+    """Put dead letters back into the outbox to be published again (same event ids)."""
+    from outbox.settings import DatabaseSettings, OutboxSettings
+    from outbox_relay.dead_letters import retry_dead_letters
+
+    if bool(event_ids) == all_letters:
+        typer.secho("give event ids, or --all (not both)", err=True, fg="red")
+        raise typer.Exit(2)
+    ids: list[uuid.UUID] | None = None
+    if event_ids:
+        try:
+            ids = [uuid.UUID(value) for value in event_ids]
+        except ValueError:
+            typer.secho(
+                "event ids must be UUIDs, as `dead-letters list` prints them", err=True, fg="red"
+            )
+            raise typer.Exit(2) from None
+    database_url = load(DatabaseSettings).database_url.get_secret_value()
+    moved = retry_dead_letters(database_url, load(OutboxSettings).tables, ids)
+    typer.echo(f"{len(moved)} dead letter(s) back in the outbox")

@@ -1,0 +1,107 @@
+"""``outbox stack``: the native local stack (PostgreSQL, broker and its object store, Kafka
+Connect)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from outbox_cli._common import configure_logging, load
+
+if TYPE_CHECKING:
+    from outbox_stack.local import LocalStack, ServiceLine
+
+app = typer.Typer(
+    help="Run the local stack natively on loopback (no Docker).", no_args_is_help=True
+)
+
+
+def _stack() -> LocalStack:
+    from outbox.settings import KafkaSettings
+    from outbox_stack.local import LocalStack
+    from outbox_stack.settings import StackSettings
+
+    return LocalStack(load(StackSettings), load(KafkaSettings))
+
+
+def _print(lines: list[ServiceLine]) -> None:
+    for line in lines:
+        state = "running" if line.running else "stopped"
+        pid = f"  (pid {line.pid})" if line.pid else ""
+        typer.echo(f"{line.name:<9} {state:<8} {line.address}{pid}")
+        typer.echo(f"{'':<9} {'log':<8} {line.log}")
+        if line.data:
+            typer.echo(f"{'':<9} {'data':<8} {line.data}")
+
+
+@app.command()
+def up(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each step.")) -> None:
+    """Install what is missing, start every service, and wait until each really answers.
+
+    Idempotent: services already running are left alone.
+    """
+    configure_logging(verbose)
+    stack = _stack()
+    lines = stack.up()
+    _print(lines)
+    typer.echo('Use it from your shell with:  eval "$(outbox stack env)"')
+
+
+@app.command()
+def down() -> None:
+    """Stop every service (Connect, broker, object store, Postgres). Postgres and the object
+    store keep their data; a broker started with OUTBOX_STACK_BROKER_STORAGE=memory loses its
+    topics."""
+    stack = _stack()
+    stack.down()
+    _print(stack.status())
+
+
+@app.command()
+def status() -> None:
+    """Show each service, where it listens, and its log. Exit 1 if one is down."""
+    stack = _stack()
+    lines = stack.status()
+    _print(lines)
+    if not all(line.running for line in lines):
+        raise typer.Exit(1)
+
+
+@app.command()
+def logs(lines: int = typer.Option(50, "--lines", "-n", min=1, help="How many lines.")) -> None:
+    """Print the end of each service's log."""
+    for name, content in _stack().logs().items():
+        typer.echo(f"==> {name} <==")
+        typer.echo("\n".join(content[-lines:]) if content else "(no log yet)")
+
+
+@app.command()
+def env() -> None:
+    """Print `export` lines that point the SDK and the CLI at the local stack.
+
+    The output holds the generated database password: eval it, do not paste it anywhere.
+    """
+    from outbox_stack.local import shell_exports
+
+    stack = _stack()
+    exports = shell_exports(stack.environment())
+    typer.echo(exports, nl=False)
+
+
+@app.command()
+def destroy(
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Stop every service and delete the stack's data (the database too, also when it lives
+    outside the stack folder; the broker's topics in the object store). Downloads in .cache/
+    are kept."""
+    stack = _stack()
+    if not yes:
+        typer.confirm(
+            f"Delete the database in {stack.postgres.data_dir}, the broker's topics and the "
+            "stack's logs?",
+            abort=True,
+        )
+    stack.destroy()
+    typer.echo(f"deleted the stack of {stack.settings.root}")

@@ -1,0 +1,52 @@
+"""Render ``outbox-connector.json`` from settings. Pure: reads the template, does no I/O else."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from outbox.core.errors import ConfigurationError
+from outbox.settings import OutboxSettings
+from outbox_connect.settings import ConnectorSettings
+
+__all__ = ["TEMPLATE", "render_connector_config"]
+
+TEMPLATE = Path(__file__).resolve().parent / "outbox-connector.json"
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+def render_connector_config(
+    connector: ConnectorSettings, outbox: OutboxSettings, *, template: Path = TEMPLATE
+) -> dict[str, str]:
+    """The connector's configuration, every ``{{name}}`` replaced; unknown names refused.
+
+    The database password is never part of it: the worker resolves
+    ``${env:OUTBOX_CONNECT_DATABASE_PASSWORD}`` from its own environment (Kafka's
+    ``EnvVarConfigProvider``), so the secret is neither stored in Connect's config topic nor
+    returned by its REST API.
+    """
+    values = {
+        "database_host": connector.database_host,
+        "database_port": str(connector.database_port),
+        "database_name": connector.database_name,
+        "database_user": connector.database_user,
+        "topic_prefix": connector.topic_prefix,
+        "slot_name": connector.slot_name,
+        "heartbeat_interval_ms": str(connector.heartbeat_interval_ms),
+        "publication": outbox.publication,
+        "schema": outbox.schema_name,
+        "table": outbox.table,
+    }
+    raw: dict[str, str] = json.loads(template.read_text())
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise ConfigurationError(
+                f"{template.name} uses {{{{{name}}}}}, which no setting provides: "
+                f"remove it from the file or use one of {', '.join(sorted(values))}"
+            )
+        return values[name]
+
+    return {key: _PLACEHOLDER.sub(fill, value) for key, value in raw.items()}

@@ -1,0 +1,79 @@
+"""The lake job's Prometheus metrics, in a registry of their own (``/metrics`` of the job).
+
+Same conventions as the relay's (relay/outbox_relay/metrics.py): ``outbox_lake_*`` names, seconds
+for times, no secret and no payload in any label or value.
+
+- freshness: seconds since the newest event in ``events`` was created (computed when
+  scraped, so it grows while nothing lands);
+- per batch: its duration, the events it landed, the duplicates it dropped (within the batch
+  and against the table), what it sent to quarantine (by target table kind);
+- consumer lag per partition (records on the broker not yet in the lake), where the broker's
+  end offsets can be trusted (``OUTBOX_LAKE_END_OFFSETS=broker``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["LakeMetrics"]
+
+
+class LakeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.newest_event_time = 0.0
+        self.completed_batches = 0
+        self.freshness = Gauge(
+            "outbox_lake_freshness_seconds",
+            "Seconds since the newest event in the events table was created (0 before any).",
+            registry=r,
+        )
+        self.freshness.set_function(
+            lambda: time.time() - self.newest_event_time if self.newest_event_time else 0.0
+        )
+        self.last_batch_time = Gauge(
+            "outbox_lake_last_batch_timestamp_seconds",
+            "When the last micro-batch finished (Unix time).",
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "outbox_lake_batch_seconds",
+            "Duration of a micro-batch, from its start to its last Delta commit.",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.stage_seconds = Histogram(
+            "outbox_lake_stage_seconds",
+            "Time of each stage of a micro-batch: read_parse (Kafka to parsed rows on the "
+            "driver), typed, quarantine, events (their Delta merges).",
+            ["stage"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.events = Counter(
+            "outbox_lake_events", "Events landed in the events table.", registry=r
+        )
+        self.duplicates = Counter(
+            "outbox_lake_duplicates_dropped",
+            "Copies of events already landed (or met twice in a batch), dropped.",
+            registry=r,
+        )
+        self.quarantined = Counter(
+            "outbox_lake_quarantined",
+            "Rows sent to quarantine, by kind (record: not a usable event; typed: a typed row).",
+            ["kind"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "outbox_lake_consumer_lag",
+            "Records on the broker not yet in the lake, per topic partition (broker end offsets).",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.batches = Counter("outbox_lake_batches", "Micro-batches landed.", registry=r)
+
+    def saw_events(self, newest_event_time: float) -> None:
+        self.newest_event_time = max(self.newest_event_time, newest_event_time)

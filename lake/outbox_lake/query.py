@@ -1,0 +1,90 @@
+"""The analysts' side without Spark: SQL over the lake tables with DuckDB, through Arrow.
+
+Every Delta table under the lake root is registered in DuckDB under its own name
+(``events``, ``quarantine``, ``aggregate_<type>``), read with ``deltalake`` (DuckDB's own
+Delta extension would need a download at run time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from outbox.core.errors import ConfigurationError
+from outbox_lake.settings import LakeSettings
+
+__all__ = ["TableInfo", "list_tables", "run_sql", "table_names"]
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    name: str
+    rows: int
+    version: int
+    last_update: datetime | None
+
+
+def table_names(settings: LakeSettings) -> list[str]:
+    if not settings.is_local:
+        raise ConfigurationError(
+            "listing tables needs a local OUTBOX_LAKE_ROOT; name them in the SQL instead"
+        )
+    root = Path(settings.root)
+    if not root.exists():
+        return []
+    return sorted(
+        child.name
+        for child in root.iterdir()
+        if child.is_dir() and not child.name.startswith("_") and (child / "_delta_log").exists()
+    )
+
+
+def _open(settings: LakeSettings, name: str) -> DeltaTable | None:
+    try:
+        return DeltaTable(settings.table_uri(name))
+    except TableNotFoundError:
+        return None
+
+
+def list_tables(settings: LakeSettings) -> list[TableInfo]:
+    tables = []
+    for name in table_names(settings):
+        table = _open(settings, name)
+        if table is None:
+            continue
+        history = table.history(1)
+        stamp = history[0].get("timestamp") if history else None
+        rows = int(table.to_pyarrow_dataset().count_rows())
+        tables.append(
+            TableInfo(
+                name=name,
+                rows=rows,
+                version=table.version(),
+                last_update=datetime.fromtimestamp(stamp / 1000) if stamp else None,
+            )
+        )
+    return tables
+
+
+def run_sql(
+    settings: LakeSettings, sql: str, params: list[Any] | None = None
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run ``sql`` (``?`` placeholders for ``params``) over the lake's tables."""
+    import duckdb
+
+    connection = duckdb.connect()
+    try:
+        for name in table_names(settings):
+            table = _open(settings, name)
+            if table is not None:
+                connection.register(name, table.to_pyarrow_dataset())
+        result = connection.execute(sql, params)
+        columns = [column[0] for column in result.description or []]
+        return columns, result.fetchall()
+    finally:
+        connection.close()

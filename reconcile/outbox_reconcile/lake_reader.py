@@ -1,0 +1,166 @@
+"""Reads the lake's ``events``, typed tables and ``quarantine`` (``deltalake``, streamed).
+
+Order matters, and follows the sink's (lake/outbox_lake/delta_sink.py), which writes each batch's
+typed tables, then ``quarantine``, then ``events``: ``events`` is read first, at one version, with
+the progress that version records (``outbox-lake:<topic>:<partition>``,
+lake/outbox_lake/progress.py); the other tables are read after it and hold at least what that
+version's batches wrote. So a batch landing while reconcile reads is never mistaken for a missing
+row.
+
+Only the columns needed are read, in Arrow batches of 64k rows, pruned to the window's days
+(``event_date`` partitions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from outbox_lake.delta_sink import EVENTS, QUARANTINE, typed_table_name
+from outbox_lake.progress import app_id
+from outbox_lake.settings import LakeSettings
+from outbox_reconcile.evidence import Evidence
+from outbox_reconcile.records import TOPIC_PREFIX, Window
+
+__all__ = ["LakeRead", "read_lake"]
+
+_BATCH_ROWS = 8_192
+_EVENT_COLUMNS = [
+    "event_id",
+    "aggregate_type",
+    "aggregate_id",
+    "position",
+    "topic",
+    "partition",
+    "offset",
+]
+
+
+@dataclass
+class LakeRead:
+    events_version: int | None = None
+    rows: int = 0
+    aggregate_types: set[str] = field(default_factory=set)
+    typed_tables: dict[str, int] = field(default_factory=dict)
+    """{typed table: its version} (-1: the table does not exist)"""
+
+
+def _open(uri: str) -> DeltaTable | None:
+    try:
+        return DeltaTable(uri)
+    except TableNotFoundError:
+        return None
+
+
+def _in_window(window: Window) -> Any:
+    """A filter on ``event_date`` (partition pruning) and ``event_time``, or None."""
+    condition = None
+    for bound, compare in ((window.since, "ge"), (window.until, "lt")):
+        if bound is None:
+            continue
+        moment = bound.astimezone(UTC)
+        day = (
+            ds.field("event_date") >= moment.date()
+            if compare == "ge"
+            else (ds.field("event_date") <= moment.date())
+        )
+        time = (
+            ds.field("event_time") >= moment
+            if compare == "ge"
+            else (ds.field("event_time") < moment)
+        )
+        part = day & time
+        condition = part if condition is None else condition & part
+    return condition
+
+
+def _batches(table: DeltaTable, columns: list[str], window: Window) -> Iterator[Any]:
+    dataset = table.to_pyarrow_dataset()
+    # Little read-ahead: memory follows one file's columns, not the table.
+    yield from dataset.to_batches(
+        columns=columns,
+        filter=_in_window(window),
+        batch_size=_BATCH_ROWS,
+        batch_readahead=1,
+        fragment_readahead=1,
+    )
+
+
+def read_lake(
+    settings: LakeSettings,
+    evidence: Evidence,
+    window: Window,
+    partitions: Iterable[tuple[str, int]],
+    advance: Callable[[int], None] = lambda _: None,
+) -> LakeRead:
+    read = LakeRead()
+    events = _open(settings.table_uri(EVENTS))
+    if events is not None:
+        read.events_version = events.version()
+        for topic, partition in partitions:
+            end = events.transaction_version(app_id(topic, partition))
+            if end is not None:
+                evidence.set_lake_progress(topic, partition, int(end))
+        for batch in _batches(events, _EVENT_COLUMNS, window):
+            columns = [batch.column(name).to_pylist() for name in _EVENT_COLUMNS]
+            types = columns[1]
+            read.aggregate_types.update(types)
+            names = {kind: typed_table_name(kind) for kind in set(types)}
+            read.rows += evidence.add_lake(
+                (*row, names[row[1]]) for row in zip(*columns, strict=True)
+            )
+            advance(batch.num_rows)
+    quarantine = _open(settings.table_uri(QUARANTINE))
+    if quarantine is not None:
+        for batch in _batches(quarantine, _QUARANTINE_COLUMNS, Window()):
+            evidence.add_quarantine(_quarantine_rows(batch, window))
+            advance(batch.num_rows)
+    for aggregate_type in sorted(read.aggregate_types):
+        name = typed_table_name(aggregate_type)
+        typed = _open(settings.table_uri(name))
+        read.typed_tables[name] = -1 if typed is None else typed.version()
+        if typed is None:
+            continue
+        for batch in _batches(typed, ["event_id"], window):
+            evidence.add_typed(aggregate_type, name, batch.column("event_id").to_pylist())
+            advance(batch.num_rows)
+    return read
+
+
+_QUARANTINE_COLUMNS = [
+    "target_table",
+    "topic",
+    "partition",
+    "offset",
+    "event_id",
+    "reason",
+    "ingest_time",
+]
+
+
+def _quarantine_rows(batch: Any, window: Window) -> Iterator[tuple[Any, ...]]:
+    """Quarantine rows with their aggregate type (from the topic) and whether they are in
+    the window: by their event id's time, or, without an id, by when they were set aside."""
+    columns = [batch.column(name).to_pylist() for name in _QUARANTINE_COLUMNS]
+    for target, topic, partition, offset, event_id, reason, ingested in zip(*columns, strict=True):
+        if event_id:
+            inside = window.holds(event_id)
+        else:
+            moment = ingested or datetime.fromtimestamp(0, UTC)
+            inside = window.holds_ms(int(moment.timestamp() * 1000))
+        yield (
+            str(topic).removeprefix(TOPIC_PREFIX),
+            target,
+            topic,
+            partition,
+            offset,
+            event_id,
+            reason,
+            inside,
+        )

@@ -1,0 +1,285 @@
+"""``outbox trace EVENT_ID``: where one event is, from the outbox to the lake.
+
+Cheap by design: the lake's ``events`` row carries the topic, partition and offset of the
+event's first copy (so Kafka is read from there, in that one partition), its ``event_date``
+partition is known from the UUIDv7 id (so each Delta read touches one day), and the Delta
+version that made the row queryable is found by bisecting the table's versions (about
+log2(versions) reads of that one day). Without a lake row, the aggregate's partition is
+computed from its key as every Kafka producer does (murmur2); only ``--scan-kafka`` reads
+every outbox topic.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from outbox_lake.delta_sink import EVENTS, QUARANTINE, typed_table_name
+from outbox_reconcile.records import TOPIC_PREFIX, copy_of, event_time_ms
+from outbox_reconcile.run import Sources
+from outbox_reconcile.statements import ReconcileStatements
+from outbox_relay.database import libpq_conninfo
+
+__all__ = ["Lineage", "trace_event"]
+
+_IDLE_SECONDS = 1.5
+
+
+@dataclass
+class Lineage:
+    event_id: str
+    event_time: datetime
+    outbox: dict[str, Any] | None = None
+    dead_letter: dict[str, Any] | None = None
+    kafka: list[dict[str, Any]] = field(default_factory=list)
+    kafka_searched: str = "not searched"
+    lake: list[dict[str, Any]] = field(default_factory=list)
+    typed: dict[str, Any] | None = None
+    quarantine: list[dict[str, Any]] = field(default_factory=list)
+    latency: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def found(self) -> bool:
+        return bool(self.outbox or self.dead_letter or self.kafka or self.lake or self.quarantine)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "found": self.found}
+
+    def lines(self) -> list[str]:
+        out = [f"event {self.event_id} (built {self.event_time.isoformat()})"]
+        if self.outbox:
+            out.append(f"  outbox:      row present, undelivered or not deleted yet: {self.outbox}")
+        else:
+            out.append("  outbox:      no row (delivered and deleted, or never committed)")
+        if self.dead_letter:
+            out.append(f"  dead letter: {self.dead_letter}")
+        if self.kafka:
+            for copy in self.kafka:
+                out.append(f"  kafka:       {copy}")
+        else:
+            out.append(f"  kafka:       no copy found ({self.kafka_searched})")
+        for row in self.lake:
+            out.append(f"  lake events: {row}")
+        if not self.lake:
+            out.append("  lake events: not in the events table")
+        if self.typed:
+            out.append(f"  lake typed:  {self.typed}")
+        for row in self.quarantine:
+            out.append(f"  quarantine:  {row}")
+        for name, seconds in self.latency.items():
+            out.append(f"  latency:     {name} {seconds:.3f} s")
+        return out
+
+
+def _open(uri: str, version: int | None = None) -> DeltaTable | None:
+    try:
+        return DeltaTable(uri) if version is None else DeltaTable(uri, version=version)
+    except TableNotFoundError:
+        return None
+
+
+def _rows_of(table: DeltaTable, event_id: str, day: Any, columns: list[str]) -> list[Any]:
+    filter_ = (ds.field("event_date") == day) & (ds.field("event_id") == event_id)
+    return table.to_pyarrow_dataset().to_table(columns=columns, filter=filter_).to_pylist()  # type: ignore[no-any-return]
+
+
+def _first_version(uri: str, latest: int, event_id: str, day: Any) -> int:
+    """The first version of the table that holds the event (it is in ``latest``)."""
+    low, high = 0, latest
+    while low < high:
+        middle = (low + high) // 2
+        table = _open(uri, middle)
+        if table is not None and _rows_of(table, event_id, day, ["event_id"]):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _committed_at(uri: str, version: int) -> datetime | None:
+    table = _open(uri, version)
+    history = table.history(1) if table is not None else []
+    stamp = history[0].get("timestamp") if history else None
+    return None if stamp is None else datetime.fromtimestamp(stamp / 1000, UTC)
+
+
+def _lake(sources: Sources, lineage: Lineage) -> None:
+    day = lineage.event_time.date()
+    uri = sources.lake.table_uri(EVENTS)
+    events = _open(uri)
+    columns = [
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "position",
+        "topic",
+        "partition",
+        "offset",
+        "ingest_time",
+    ]
+    if events is not None:
+        lineage.lake = _rows_of(events, lineage.event_id, day, columns)
+        if lineage.lake:
+            version = _first_version(uri, events.version(), lineage.event_id, day)
+            committed = _committed_at(uri, version)
+            for row in lineage.lake:
+                row["table"] = EVENTS
+                row["delta_version"] = version
+                row["delta_committed_at"] = committed
+    aggregate_type = next(
+        (row["aggregate_type"] for row in lineage.lake),
+        (lineage.outbox or lineage.dead_letter or {}).get("aggregate_type"),
+    )
+    if aggregate_type is not None:
+        name = typed_table_name(aggregate_type)
+        typed = _open(sources.lake.table_uri(name))
+        present = typed is not None and bool(_rows_of(typed, lineage.event_id, day, ["event_id"]))
+        lineage.typed = {"table": name, "present": present}
+    quarantine = _open(sources.lake.table_uri(QUARANTINE))
+    if quarantine is not None:
+        lineage.quarantine = (
+            quarantine.to_pyarrow_dataset()
+            .to_table(
+                columns=["target_table", "topic", "partition", "offset", "reason", "ingest_time"],
+                filter=ds.field("event_id") == lineage.event_id,
+            )
+            .to_pylist()
+        )
+
+
+def _outbox(sources: Sources, lineage: Lineage) -> None:
+    statements = ReconcileStatements(sources.tables)
+    with psycopg.connect(libpq_conninfo(sources.database_url)) as connection:
+        connection.read_only = True
+        row = connection.execute(statements.outbox_row, (lineage.event_id,)).fetchone()
+        if row is not None:
+            keys = (
+                "aggregate_type",
+                "aggregate_id",
+                "event_type",
+                "position",
+                "created_at",
+                "age_seconds",
+            )
+            lineage.outbox = dict(zip(keys, row, strict=True))
+        dead = connection.execute(statements.dead_letter, (lineage.event_id,)).fetchone()
+        if dead is not None:
+            dead_keys = (
+                "aggregate_type",
+                "aggregate_id",
+                "event_type",
+                "position",
+                "created_at",
+                "reason",
+                "failed_at",
+            )
+            lineage.dead_letter = dict(zip(dead_keys, dead, strict=True))
+
+
+def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.partitioner.default import murmur2
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=sources.bootstrap_servers.split(","),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        client_id="outbox-trace",
+    )
+    try:
+        starts: dict[Any, int] = {}
+        if lineage.lake:
+            row = min(lineage.lake, key=lambda r: r["offset"])
+            starts[TopicPartition(row["topic"], row["partition"])] = row["offset"]
+            lineage.kafka_searched = (
+                f"{row['topic']}[{row['partition']}] from offset {row['offset']}"
+            )
+        elif known := (lineage.outbox or lineage.dead_letter):
+            topic = TOPIC_PREFIX + known["aggregate_type"]
+            numbers = sorted(consumer.partitions_for_topic(topic) or ())
+            if numbers:
+                index = (murmur2(str(known["aggregate_id"]).encode()) & 0x7FFFFFFF) % len(numbers)
+                starts[TopicPartition(topic, numbers[index])] = 0
+                lineage.kafka_searched = f"{topic}[{numbers[index]}], the aggregate's partition"
+            else:
+                lineage.kafka_searched = f"topic {topic} does not exist"
+        elif scan_kafka:
+            pattern = re.compile(sources.lake.topic_pattern)
+            for topic in sorted(t for t in consumer.topics() if pattern.search(t)):
+                for number in consumer.partitions_for_topic(topic) or ():
+                    starts[TopicPartition(topic, number)] = 0
+            lineage.kafka_searched = f"every outbox topic ({len(starts)} partitions)"
+        else:
+            lineage.kafka_searched = "partition unknown: use --scan-kafka to search every topic"
+        if not starts:
+            return
+        consumer.assign(list(starts))
+        for tp, offset in starts.items():
+            consumer.seek(tp, offset)
+        # To the end as it was when trace started: under load a partition is never quiet.
+        started_ms = int(time.time() * 1000)
+        ended: set[Any] = set()
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < _IDLE_SECONDS and len(ended) < len(starts):
+            batches = consumer.poll(timeout_ms=200, max_records=5000)
+            if batches:
+                quiet_since = time.monotonic()
+            for tp, records in batches.items():
+                for record in records:
+                    if record.timestamp > started_ms:
+                        ended.add(tp)
+                        consumer.pause(tp)
+                        break
+                    copy = copy_of(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        offset=record.offset,
+                        timestamp_ms=record.timestamp,
+                        key=record.key,
+                        headers=record.headers,
+                    )
+                    if getattr(copy, "event_id", None) == lineage.event_id:
+                        lineage.kafka.append(
+                            {
+                                "topic": tp.topic,
+                                "partition": tp.partition,
+                                "offset": record.offset,
+                                "timestamp": datetime.fromtimestamp(record.timestamp / 1000, UTC),
+                                "position": getattr(copy, "position", None),
+                            }
+                        )
+    finally:
+        consumer.close()
+
+
+def _latency(lineage: Lineage) -> None:
+    queryable = next((row.get("delta_committed_at") for row in lineage.lake), None)
+    if queryable is None:
+        return
+    lineage.latency["built_to_queryable"] = (queryable - lineage.event_time).total_seconds()
+    if lineage.outbox:
+        created: datetime = lineage.outbox["created_at"]
+        lineage.latency["commit_to_queryable"] = (queryable - created).total_seconds()
+    if lineage.kafka:
+        first: datetime = lineage.kafka[0]["timestamp"]
+        lineage.latency["publish_to_queryable"] = (queryable - first).total_seconds()
+
+
+def trace_event(sources: Sources, event_id: str, *, scan_kafka: bool = False) -> Lineage:
+    lineage = Lineage(
+        event_id=event_id, event_time=datetime.fromtimestamp(event_time_ms(event_id) / 1000, UTC)
+    )
+    _outbox(sources, lineage)
+    _lake(sources, lineage)
+    _kafka(sources, lineage, scan_kafka=scan_kafka)
+    _latency(lineage)
+    return lineage

@@ -1,0 +1,62 @@
+"""Aggregates that wait after a transient failure, with backoff per aggregate. (Pure.)
+
+When a row's record was refused for a reason that can pass (relay/outbox_relay/failures.py), the row
+stays in the outbox and its aggregate is *parked*: no row of that aggregate is sent until
+the pause is over, so a newer event can never overtake the one that failed. Every other
+aggregate goes on. The pause doubles with each failure of the same aggregate, from
+``first_seconds`` up to ``max_seconds``, and is forgotten once a record of the aggregate is
+acknowledged. Times are monotonic seconds (``time.monotonic()``). The relay's reads leave
+out the rows of parked aggregates (:meth:`Parking.parked`), so a long wait of one aggregate
+never fills the read window and stalls the others. Thread-safe: the sending thread parks,
+the database thread reads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+__all__ = ["Parking"]
+
+
+@dataclass
+class Parking:
+    first_seconds: float
+    max_seconds: float
+    _until: dict[Hashable, float] = field(default_factory=dict)
+    _pause: dict[Hashable, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def park(self, aggregate: Hashable, now: float) -> float:
+        """The aggregate failed (again): hold it back; returns the pause in seconds."""
+        with self._lock:
+            pause = min(self._pause.get(aggregate, self.first_seconds / 2) * 2, self.max_seconds)
+            self._pause[aggregate] = pause
+            self._until[aggregate] = now + pause
+        return pause
+
+    def is_parked(self, aggregate: Hashable, now: float) -> bool:
+        """True while the aggregate's pause runs (after it, one attempt is let through)."""
+        until = self._until.get(aggregate)
+        return until is not None and now < until
+
+    def delivered(self, aggregate: Hashable) -> None:
+        """A record of the aggregate was acknowledged: its next failure starts from scratch."""
+        with self._lock:
+            self._until.pop(aggregate, None)
+            self._pause.pop(aggregate, None)
+
+    def count(self, now: float) -> int:
+        """Aggregates whose pause is running."""
+        return len(self.parked(now))
+
+    def parked(self, now: float) -> list[Hashable]:
+        """The aggregates whose pause runs: leave their rows out of reads."""
+        with self._lock:
+            return [aggregate for aggregate, until in self._until.items() if now < until]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._until.clear()
+            self._pause.clear()

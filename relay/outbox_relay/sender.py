@@ -1,0 +1,113 @@
+"""Sending rows to Kafka for the leader: one producer, and the aggregates that wait.
+
+The producer sorts the broker's answers (relay/outbox_relay/producer.py). Rows refused for a reason
+that can pass stay in the table: the read floor is held below them (relay/outbox_relay/horizon.py)
+and their aggregates wait (relay/outbox_relay/parking.py), so no newer event of theirs overtakes
+them, while every other aggregate goes on. After such a refusal the producer is replaced: its state
+may be what the broker refused (``OutOfOrderSequenceNumber``, ``UnknownProducerId``, epochs).
+A batch of which nothing was acknowledged because the broker did not answer raises
+:class:`BatchNotAcknowledged`: the relay steps back and publishes it again later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from outbox_relay.database import OutboxRow
+from outbox_relay.horizon import Horizon
+from outbox_relay.metrics import RelayMetrics
+from outbox_relay.parking import Parking
+from outbox_relay.producer import BatchOutcome, ContractProducer
+from outbox_relay.settings import RelaySettings
+
+__all__ = ["BatchNotAcknowledged", "Sender"]
+
+log = logging.getLogger("outbox.relay")
+
+Aggregate = tuple[str, bytes]
+
+
+class BatchNotAcknowledged(Exception):
+    """Nothing of the batch was acknowledged and the broker did not answer."""
+
+
+class Sender:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        settings: RelaySettings,
+        *,
+        metrics: RelayMetrics,
+        horizon: Horizon,
+        check_lease: Callable[[], None],
+    ) -> None:
+        self._bootstrap = bootstrap_servers
+        self._settings = settings
+        self._metrics = metrics
+        self._horizon = horizon
+        self._check_lease = check_lease
+        self._parking = Parking(settings.retry_backoff_seconds, settings.max_backoff_seconds)
+        self._producer: ContractProducer | None = None
+
+    def publish(self, rows: list[OutboxRow]) -> BatchOutcome:
+        """Send ``rows`` and wait for the broker; a batch not acknowledged raises (retried)."""
+        self._check_lease()
+        if self._producer is None:
+            self._producer = ContractProducer(self._bootstrap, self._settings)
+        started = time.monotonic()
+        outcome = self._producer.publish(rows)
+        if outcome.failure is not None:
+            self.close()
+            raise BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
+        self._metrics.publish_seconds.observe(time.monotonic() - started)
+        delivered = set(outcome.delivered)
+        for row in rows:
+            if row.id in delivered:
+                self._parking.delivered((row.aggregate_type, row.key))
+        if outcome.retry:
+            self.close()
+            now = time.monotonic()
+            for retry in outcome.retry:
+                row = retry.row
+                self._horizon.hold(row.position)
+                pause = self._parking.park((row.aggregate_type, row.key), now)
+                self._metrics.retried.labels(retry.error).inc()
+                log.warning(
+                    "broker did not take event %s (aggregate %s/%s), retrying in %.1f s: %s",
+                    row.id,
+                    row.aggregate_type,
+                    row.key.decode(errors="replace"),
+                    pause,
+                    retry.reason.splitlines()[0][:300],
+                )
+            self._metrics.parked.set(self._parking.count(now))
+        self._horizon.release([row.position for row in rows if row.id not in outcome.retry_ids])
+        return outcome
+
+    def waiting(self) -> list[Aggregate]:
+        """The aggregates whose rows the next read leaves out (their first row is held)."""
+        return self._parking.parked(time.monotonic())  # type: ignore[return-value]
+
+    def admit(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """The rows that may be sent now: not those of an aggregate that waits (held)."""
+        now = time.monotonic()
+        admitted = []
+        for row in rows:
+            if self._parking.is_parked((row.aggregate_type, row.key), now):
+                self._horizon.hold(row.position)
+            else:
+                admitted.append(row)
+        self._metrics.parked.set(self._parking.count(now))
+        return admitted
+
+    def reset(self) -> None:
+        """A new term as leader: no aggregate waits (the floor starts from scratch too)."""
+        self._parking.clear()
+
+    def close(self) -> None:
+        """Drop the producer (what is in flight is abandoned: published again later)."""
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None

@@ -1,0 +1,309 @@
+"""The demo's pipeline on the local stack, step by step; ``outbox demo`` prints around it.
+
+Steps, in order: start the stack; migrate and create the CDC role; apply the connector;
+start the lake's ingest job (continuous, a process of its own whose output goes to its log
+file) and wait for its first trigger; send one warm-up event through the whole path; place
+the orders (the example order service); wait until CDC has put every committed order event
+on Kafka and the lake holds them all; stop the job; query the report from the lake.
+
+Invariants: the demo counts only its own run (order events whose UUIDv7 time is at or after
+the run's start, less a second of clock slack), so earlier runs on the same broker and lake
+change nothing; every wait has a deadline and fails with a :class:`StackError` or
+:class:`DeliveryTimeoutError` naming the log or command that shows why; the lake job is
+stopped (its whole process group, Spark's JVM included) whatever happens after it started.
+The job runs as ``python -m outbox_stack.demo --lake-job``: the ``--lake-job`` marker lets an
+interrupted demo's job be found and stopped by the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from outbox.core.contract import topic_for
+from outbox.core.errors import DeliveryTimeoutError, StackError
+from outbox.settings import KafkaSettings, OutboxSettings
+from outbox_lake.report import OrderReport, count_event, count_events_since, order_report
+from outbox_lake.settings import LakeSettings
+from outbox_stack.local import LocalStack
+from outbox_stack.process import ServiceProcess
+from outbox_stack.settings import StackSettings
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from outbox_connect import ConnectorSettings
+    from outbox_examples.order_service import RunSummary
+
+__all__ = [
+    "LAKE_JOB_READY",
+    "DemoPipeline",
+]
+
+INGEST_START_TIMEOUT_SECONDS = 180.0
+LAKE_CATCH_UP_TIMEOUT_SECONDS = 180.0
+DELIVERY_TIMEOUT_SECONDS = 180.0
+ORDER_TYPE = "order"  # the example service's aggregate type
+WARM_UP_TYPE = "demo"  # aggregate type of the warm-up event (topic outbox.event.demo)
+LAKE_JOB_MARKER = "--lake-job"
+# Logged by the demo's lake job once its first trigger has run (Spark up, source polled).
+LAKE_JOB_READY = "demo lake job: first trigger done"
+
+
+def _order_service() -> ModuleType:
+    try:
+        from outbox_examples import order_service
+    except ImportError:
+        raise StackError(
+            "the demo needs the example service: run it from a checkout of the repository"
+        ) from None
+    return order_service
+
+
+class DemoPipeline:
+    """The demo's services and steps; each step blocks until done or raises."""
+
+    def __init__(
+        self,
+        settings: OutboxSettings,
+        stack_settings: StackSettings,
+        kafka: KafkaSettings,
+        lake_settings: LakeSettings,
+    ) -> None:
+        self.order_service = _order_service()
+        self.settings = settings
+        self.stack_settings = stack_settings
+        self.stack = LocalStack(stack_settings, kafka)
+        if lake_settings.topic_pattern == LakeSettings.model_fields["topic_pattern"].default:
+            # The demo's own topics only: the local broker may hold other experiments' topics.
+            lake_settings = lake_settings.model_copy(
+                update={"topic_pattern": rf"^outbox\.event\.({ORDER_TYPE}|{WARM_UP_TYPE})$"}
+            )
+        self.lake_settings = lake_settings
+        self.ingest = ServiceProcess(
+            "lake-ingest", stack_settings.root / "demo", marker=LAKE_JOB_MARKER
+        )
+        self.since: float | None = None
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            from sqlalchemy import create_engine
+
+            self._engine = create_engine(self.stack.postgres.url())
+        return self._engine
+
+    def start_stack(self) -> None:
+        self.stack.up()
+
+    def migrate(self) -> None:
+        """The outbox's tables and the CDC role Debezium connects as."""
+        import outbox_migrations
+
+        with self.engine.begin() as connection:
+            outbox_migrations.upgrade(connection, settings=self.settings)
+            outbox_migrations.create_cdc_role(
+                connection,
+                self._connector().database_user,
+                self.stack.cdc_password(),
+                settings=self.settings,
+            )
+
+    def apply_connector(self) -> str:
+        """Apply the Debezium connector and wait until it runs; its name."""
+        from outbox_connect import ConnectClient, render_connector_config
+
+        connector = self._connector()
+        client = ConnectClient(connector.url)
+        client.apply(connector.name, render_connector_config(connector, self.settings))
+        client.wait_running(connector.name)
+        return connector.name
+
+    def start_lake_job(self) -> None:
+        """Start the lake job (continuous) in a process of its own, its output in its log
+        file, and wait until its first trigger has run: from then on an event reaches the
+        lake within a trigger or two, which is what the report's latency shows."""
+        self.ingest.stop(timeout=60, group=True)  # left running by an interrupted demo
+        settings = self.lake_settings
+        root = settings.root if not settings.is_local else str(Path(settings.root).resolve())
+        # The user's other OUTBOX_LAKE_* settings come with the environment; the demo's own
+        # two (its topics, an absolute root: the job runs in another folder) are set here.
+        env = {
+            **os.environ,
+            "OUTBOX_LAKE_ROOT": root,
+            "OUTBOX_LAKE_TOPIC_PATTERN": settings.topic_pattern,
+            "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.stack.bootstrap_servers,
+        }
+        self.ingest.home.mkdir(parents=True, exist_ok=True)
+        log_file = self.ingest.log_file
+        offset = log_file.stat().st_size if log_file.exists() else 0
+        self.ingest.start([sys.executable, "-m", "outbox_stack.demo", LAKE_JOB_MARKER], env=env)
+        deadline = time.monotonic() + INGEST_START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            with log_file.open("rb") as log:
+                log.seek(offset)
+                if LAKE_JOB_READY.encode() in log.read():
+                    return
+            if not self.ingest.is_running():
+                break
+            time.sleep(0.2)
+        tail = "\n".join(self.ingest.tail(20))
+        self.ingest.stop(timeout=30, group=True)
+        raise StackError(
+            f"the lake's ingest job did not start within {INGEST_START_TIMEOUT_SECONDS:.0f} s; "
+            f"see {log_file}:\n{tail}"
+        )
+
+    def warm_up(self) -> None:
+        """One event of type ``demo`` through the whole path, into the lake: the lake job's
+        first batch with data starts Spark's Python workers (seconds), which a long-running
+        job has long done; the orders' latency then shows the freshness of a running job."""
+        from outbox import Event, Outbox
+
+        event = Event(WARM_UP_TYPE, "warm-up", "LakeWarmUp", {"purpose": "start the lake job"})
+        with self.engine.begin() as connection:
+            Outbox(self.settings).publish(connection, event)
+        self._await_in_lake(lambda: count_event(self.lake_settings, str(event.event_id)), 1)
+
+    def place_orders(self, orders: int, on_progress: Callable[[int], None]) -> RunSummary:
+        """Run the example order service; its summary (placed, paid, rejected, duplicates)."""
+        self.order_service.create_schema(self.engine)
+        started = time.time()
+        summary: RunSummary = self.order_service.run(
+            self.engine, orders, seed=int(started), on_progress=on_progress
+        )
+        self.engine.dispose()
+        self.since = started - 1  # a second of slack for clocks
+        return summary
+
+    def await_on_kafka(self, count: int) -> None:
+        """Wait until ``count`` distinct order events of this run are on their topic."""
+        from kafka import KafkaConsumer
+
+        from outbox.core.contract import event_id_of
+        from outbox_lake.records import event_time_of
+
+        since = self._since()
+        topic = topic_for(ORDER_TYPE)
+        consumer = KafkaConsumer(
+            topic,
+            bootstrap_servers=self.stack.bootstrap_servers.split(","),
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=500,
+        )
+        seen: set[uuid.UUID] = set()
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_SECONDS
+        try:
+            while len(seen) < count:
+                if time.monotonic() > deadline:
+                    raise DeliveryTimeoutError(
+                        f"CDC delivered {len(seen)} of {count} events to {topic} in "
+                        f"{DELIVERY_TIMEOUT_SECONDS:.0f} s: see `outbox connect status` "
+                        "and `outbox stack logs`"
+                    )
+                for record in consumer:
+                    event_id = event_id_of(record.headers)
+                    if event_time_of(event_id).timestamp() >= since:
+                        seen.add(event_id)
+        finally:
+            consumer.close()
+
+    def await_in_lake(self, count: int) -> None:
+        """Wait until the lake holds ``count`` order events of this run."""
+        since = self._since()
+        self._await_in_lake(
+            lambda: count_events_since(self.lake_settings, ORDER_TYPE, since), count
+        )
+
+    def stop_lake_job(self) -> None:
+        self.ingest.stop(timeout=60, group=True)
+
+    def report(self) -> OrderReport:
+        return order_report(self.lake_settings, self._since(), ORDER_TYPE)
+
+    def log_files(self) -> list[tuple[str, Path]]:
+        return [
+            ("lake job (Spark)", self.ingest.log_file),
+            ("Kafka Connect", self.stack.connect.process.log_file),
+            ("PostgreSQL", self.stack.postgres.log_file),
+        ]
+
+    def _connector(self) -> ConnectorSettings:
+        from outbox_connect import ConnectorSettings
+
+        return ConnectorSettings(
+            url=self.stack.connect.rest_url,
+            database_port=self.stack.postgres.port,
+            database_name=self.stack_settings.postgres_database,
+        )
+
+    def _since(self) -> float:
+        if self.since is None:
+            raise StackError("no orders placed yet: call place_orders first")
+        return self.since
+
+    def _await_in_lake(self, counted: Callable[[], int], count: int) -> None:
+        deadline = time.monotonic() + LAKE_CATCH_UP_TIMEOUT_SECONDS
+        found = 0
+        while time.monotonic() < deadline:
+            found = counted()
+            if found >= count:
+                return
+            if not self.ingest.is_running():
+                raise StackError(
+                    f"the lake's ingest job stopped; see {self.ingest.log_file}:\n"
+                    + "\n".join(self.ingest.tail(20))
+                )
+            time.sleep(0.5)
+        raise DeliveryTimeoutError(
+            f"the lake holds {found} of {count} events after "
+            f"{LAKE_CATCH_UP_TIMEOUT_SECONDS:.0f} s; see {self.ingest.log_file}"
+        )
+
+
+def run_lake_job() -> None:
+    """``outbox lake ingest`` (continuous) that also says when its first trigger has run: a
+    listener on the Spark session logs :data:`LAKE_JOB_READY` at the first progress."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    from outbox_lake.job import run_ingest, spark_session
+    from outbox_relay.logs import configure_json_logging
+
+    class FirstTrigger(StreamingQueryListener):
+        told = False
+
+        def onQueryStarted(self, event: object) -> None:
+            pass
+
+        def onQueryProgress(self, event: object) -> None:
+            if not self.told:
+                logging.getLogger("outbox.demo").info(LAKE_JOB_READY)
+                self.told = True
+
+        def onQueryIdle(self, event: object) -> None:
+            self.onQueryProgress(event)
+
+        def onQueryTerminated(self, event: object) -> None:
+            pass
+
+    settings = LakeSettings()
+    configure_json_logging("INFO")
+    bootstrap = KafkaSettings().bootstrap_servers
+    if bootstrap is None:
+        raise StackError("the demo's lake job needs OUTBOX_KAFKA_BOOTSTRAP_SERVERS")
+    spark = spark_session(settings)
+    spark.streams.addListener(FirstTrigger())
+    run_ingest(settings, bootstrap, available_now=False, spark=spark)
+
+
+if __name__ == "__main__" and sys.argv[1:] == [LAKE_JOB_MARKER]:
+    run_lake_job()

@@ -1,0 +1,175 @@
+"""The whole native stack: PostgreSQL, a Kafka-protocol broker (on its object store, by
+default), Kafka Connect with Debezium.
+
+Started in that order and stopped in the reverse order. With
+``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` set to another cluster, no local broker is started and
+Connect uses that cluster instead. Set to the stack's own broker (as ``outbox stack env``
+exports it), it changes nothing: ``up`` and ``down`` still manage that broker.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from outbox.settings import KafkaSettings
+from outbox_stack.broker import TansuBroker
+from outbox_stack.connect import ConnectWorker
+from outbox_stack.object_store import BUCKET, SeaweedStore
+from outbox_stack.postgres import PostgresCluster
+from outbox_stack.settings import StackSettings
+
+__all__ = ["LocalStack", "ServiceLine", "shell_exports", "stack_on"]
+
+
+def shell_exports(variables: Mapping[str, str]) -> str:
+    """``export NAME=value`` lines for ``eval``; every value quoted by ``shlex.quote``, so no
+    character in a value (a quote, ``$``, a backtick, a newline) can run shell."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
+
+
+def stack_on(storage: Literal["s3", "memory"]) -> LocalStack:
+    """The local stack (settings from the environment) with its broker on ``storage``; a
+    running broker on the other engine is stopped first, with Connect (whose topics are on it).
+    Nothing is started: call ``up``. The benchmarks use it to measure both engines."""
+    settings = StackSettings(broker_storage=storage)
+    stack = LocalStack(settings)
+    if stack.broker is not None and stack.broker.storage != storage:
+        stack.connect.down()
+        stack.broker.down()
+        stack = LocalStack(settings)
+    return stack
+
+
+@dataclass(frozen=True)
+class ServiceLine:
+    """One line of `outbox stack status`: a service, whether it runs, where, its log."""
+
+    name: str
+    running: bool
+    address: str
+    pid: int | None
+    log: str
+    data: str | None = None
+
+
+class LocalStack:
+    def __init__(
+        self, settings: StackSettings | None = None, kafka: KafkaSettings | None = None
+    ) -> None:
+        self.settings = settings if settings is not None else StackSettings()
+        kafka = kafka if kafka is not None else KafkaSettings()
+        self.postgres = PostgresCluster(self.settings)
+        self.own_broker = TansuBroker(self.settings)
+        exported = kafka.bootstrap_servers
+        # Only a cluster that is not the stack's own broker is external.
+        self.external_kafka = (
+            exported if exported and not self.own_broker.is_own(exported) else None
+        )
+        self.broker = None if self.external_kafka else self.own_broker
+        self.bootstrap_servers = self.external_kafka or self.own_broker.bootstrap_servers
+        self.connect = ConnectWorker(self.settings, bootstrap_servers=self.bootstrap_servers)
+
+    def up(self) -> list[ServiceLine]:
+        self.postgres.up()
+        if self.broker is not None:
+            self.broker.up()
+        self.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password()})
+        return self.status()
+
+    def environment(self) -> dict[str, str]:
+        """What ``outbox stack env`` exports: the SDK's and the CLI's settings for this stack."""
+        return {
+            "OUTBOX_DATABASE_URL": self.postgres.url(),
+            "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password(),
+            "OUTBOX_CONNECT_DATABASE_PORT": str(self.postgres.port),
+            "OUTBOX_CONNECT_URL": self.connect.rest_url,
+        }
+
+    def cdc_password(self) -> str:
+        """OUTBOX_CONNECT_DATABASE_PASSWORD when set, else the stack's generated one."""
+        return os.environ.get("OUTBOX_CONNECT_DATABASE_PASSWORD") or self.postgres.cdc_password()
+
+    def down(self) -> None:
+        self.connect.down()
+        self.own_broker.down()  # started before an external cluster was set: still ours
+        self.postgres.down()
+
+    def destroy(self) -> None:
+        """Stop everything and delete the stack's data: the cluster (its server folder too,
+        wherever it is), the broker's, the object store's and Connect's folders. Downloads
+        are kept."""
+        self.down()
+        self.postgres.destroy()
+        store = SeaweedStore(self.settings).process
+        for process in (self.own_broker.process, store, self.connect.process):
+            shutil.rmtree(process.home, ignore_errors=True)
+
+    def status(self) -> list[ServiceLine]:
+        postgres = self.postgres.status()
+        lines = [
+            ServiceLine(
+                "postgres",
+                postgres.running,
+                self.postgres.display_url(),
+                postgres.pid,
+                str(postgres.log_file),
+                str(postgres.data_dir),
+            )
+        ]
+        if self.broker is not None:
+            lines.append(
+                ServiceLine(
+                    "broker",
+                    self.broker.process.is_running(),
+                    f"kafka://{self.bootstrap_servers} ({self.broker.describe()})",
+                    self.broker.process.pid(),
+                    str(self.broker.process.log_file),
+                )
+            )
+            store = self.broker.object_store
+            if store is not None:
+                lines.append(
+                    ServiceLine(
+                        "objects",
+                        store.process.is_running(),
+                        f"{store.endpoint} (SeaweedFS, bucket {BUCKET})",
+                        store.process.pid(),
+                        str(store.process.log_file),
+                        str(store.data_dir),
+                    )
+                )
+        else:
+            lines.append(
+                ServiceLine(
+                    "broker", True, f"kafka://{self.bootstrap_servers} (external)", None, "-"
+                )
+            )
+        lines.append(
+            ServiceLine(
+                "connect",
+                self.connect.process.is_running(),
+                self.connect.rest_url,
+                self.connect.process.pid(),
+                str(self.connect.process.log_file),
+            )
+        )
+        return lines
+
+    def logs(self) -> dict[str, list[str]]:
+        """The end of each service's log file, by service."""
+        found = {"postgres": self.postgres.log_file}
+        if self.broker is not None:
+            found["broker"] = self.broker.process.log_file
+            if self.broker.object_store is not None:
+                found["objects"] = self.broker.object_store.process.log_file
+        found["connect"] = self.connect.process.log_file
+        return {
+            name: path.read_text(errors="replace").splitlines() if path.exists() else []
+            for name, path in found.items()
+        }
