@@ -3,41 +3,14 @@ pure core (``outbox.core``) stands on the standard library alone. Checked on the
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-# Each package and the folder that holds it (relay/outbox_relay/, as psycopg_pool/psycopg_pool/).
-PACKAGES = {
-    "outbox": "outbox",
-    "outbox_cli": "cli/outbox_cli",
-    "outbox_relay": "relay/outbox_relay",
-    "outbox_lake": "lake/outbox_lake",
-    "outbox_connect": "connect/outbox_connect",
-    "outbox_stack": "stack/outbox_stack",
-    "outbox_migrations": "migrations/outbox_migrations",
-    "outbox_reconcile": "reconcile/outbox_reconcile",
-}
+from tests.sources import PACKAGES, ROOT, imports_of, sources
+
 STDLIB = set(sys.stdlib_module_names)
 # The one third-party module the core may use: UUIDv7 (the standard library has it from 3.14).
 CORE_ALLOWED = {"uuid_utils"}
-
-
-def imports_of(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-    return found
-
-
-def sources(folder: str) -> list[Path]:
-    return sorted((ROOT / folder).rglob("*.py")) if (ROOT / folder).is_dir() else []
 
 
 def test_the_core_imports_only_the_standard_library_and_itself() -> None:
