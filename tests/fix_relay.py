@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 import outbox_migrations
 from outbox import OutboxSettings
+from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX
 from outbox_relay.service import Relay
 from outbox_relay.settings import RelaySettings
 from tests.fix_postgres import ROOT, ScratchDatabase, free_port
@@ -114,14 +115,17 @@ class RelayBench:
         *,
         database_url: str | None = None,
         bootstrap_servers: str | None = None,
+        cdc_topic_prefix: str = DEFAULT_CDC_TOPIC_PREFIX,
         **overrides: object,
     ) -> Iterator[Relay]:
-        """A relay running in a thread of the test, stopped (and its batch drained) at exit."""
+        """A relay running in a thread of the test, stopped (and its batch drained) at exit;
+        ``cdc_topic_prefix``: the connector's, when the relay watches CDC."""
         relay = Relay(
             self.settings(**overrides),
             database_url=database_url or self.database.url,
             bootstrap_servers=bootstrap_servers or self.kafka.bootstrap_servers,
             tables=OutboxSettings().tables,
+            cdc_topic_prefix=cdc_topic_prefix,
         )
         stop = threading.Event()
         thread = threading.Thread(target=relay.run, args=(stop,), name="relay-under-test")

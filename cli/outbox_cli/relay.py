@@ -26,10 +26,12 @@ def run(
     """Run the relay until SIGTERM or SIGINT (the batch in flight finishes; exit 0).
 
     Settings: OUTBOX_RELAY_* (mode, batch size, grace, HTTP port, producer), plus
-    OUTBOX_DATABASE_URL and OUTBOX_KAFKA_BOOTSTRAP_SERVERS. Logs are JSON on stderr;
+    OUTBOX_DATABASE_URL, OUTBOX_KAFKA_BOOTSTRAP_SERVERS and, for the CDC heartbeat topic it
+    watches in auto mode, OUTBOX_CONNECT_TOPIC_PREFIX. Logs are JSON on stderr;
     /healthz, /readyz and /metrics on OUTBOX_RELAY_HTTP_HOST:OUTBOX_RELAY_HTTP_PORT.
     """
     from outbox.settings import DatabaseSettings, OutboxSettings
+    from outbox_connect.settings import ConnectorSettings
     from outbox_relay.health import HealthServer
     from outbox_relay.logs import configure_json_logging
     from outbox_relay.service import Relay
@@ -47,6 +49,7 @@ def run(
         database_url=database_url,
         bootstrap_servers=bootstrap_servers(),
         tables=tables,
+        cdc_topic_prefix=load(ConnectorSettings).topic_prefix,
     )
     stop = threading.Event()
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from outbox.core.errors import ConfigurationError
+from outbox.core.tables import cdc_heartbeat_topic
 from outbox.settings import OutboxSettings
 from outbox_connect.settings import ConnectorSettings
 
@@ -26,6 +27,7 @@ def render_connector_config(
     ``EnvVarConfigProvider``), so the secret is neither stored in Connect's config topic nor
     returned by its REST API.
     """
+    tables = outbox.tables
     values = {
         "database_host": connector.database_host,
         "database_port": str(connector.database_port),
@@ -35,8 +37,11 @@ def render_connector_config(
         "slot_name": connector.slot_name,
         "heartbeat_interval_ms": str(connector.heartbeat_interval_ms),
         "publication": outbox.publication,
-        "schema": outbox.schema_name,
-        "table": outbox.table,
+        "schema": tables.schema,
+        "table": tables.outbox,
+        "heartbeat_table": tables.heartbeat,
+        # Kafka's TopicNameMatches takes a Java regex, which reads re.escape's escapes alike.
+        "heartbeat_topic_pattern": re.escape(cdc_heartbeat_topic(connector.topic_prefix, tables)),
     }
     raw: dict[str, str] = json.loads(template.read_text())
 

@@ -6,6 +6,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.core.identifiers import validate_identifier
+from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX
 
 __all__ = ["ConnectorSettings"]
 
@@ -31,7 +32,7 @@ class ConnectorSettings(BaseSettings):
     # Read by the Connect worker from its environment, never sent through the REST API.
     database_password: SecretStr = SecretStr("")
     slot_name: str = "outbox_slot"
-    topic_prefix: str = Field(default="outbox", pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    topic_prefix: str = Field(default=DEFAULT_CDC_TOPIC_PREFIX, pattern=r"^[A-Za-z0-9._-]{1,100}$")
     heartbeat_interval_ms: int = Field(default=10_000, ge=100, le=3_600_000)
 
     @field_validator("database_name", "database_user", "slot_name")

@@ -6,7 +6,11 @@ from dataclasses import dataclass
 
 from outbox.core.identifiers import qualified_name, quote_identifier, validate_identifier
 
-__all__ = ["OutboxTables"]
+__all__ = ["DEFAULT_CDC_TOPIC_PREFIX", "OutboxTables", "cdc_heartbeat_topic"]
+
+DEFAULT_CDC_TOPIC_PREFIX = "outbox"
+"""Debezium's ``topic.prefix`` (its logical server name) unless OUTBOX_CONNECT_TOPIC_PREFIX
+says otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +155,14 @@ class OutboxTables:
     @property
     def quoted_publication(self) -> str:
         return quote_identifier(self.publication, field="publication")
+
+
+def cdc_heartbeat_topic(topic_prefix: str, tables: OutboxTables) -> str:
+    """The CDC heartbeat's topic: Debezium's change events of the heartbeat table, which the
+    connector's heartbeat query writes to while the outbox is idle.
+
+    The one place this name is made. The connector file's predicate keeps these records from
+    the Event Router (outbox_connect.config renders it from here), and the relay in auto mode
+    reads them as proof that CDC streams again (its default, from the same settings).
+    """
+    return f"{topic_prefix}.{tables.schema}.{tables.heartbeat}"

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import psycopg
 from kafka.errors import KafkaError
 
-from outbox.core.tables import OutboxTables
+from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX, OutboxTables, cdc_heartbeat_topic
 from outbox_relay.cdc_watch import CdcWatch
 from outbox_relay.checks import check_database
 from outbox_relay.database import LeaseLost, OutboxRow, RelayDatabase
@@ -73,10 +73,16 @@ class Relay:
         database_url: str,
         bootstrap_servers: str,
         tables: OutboxTables,
+        cdc_topic_prefix: str = DEFAULT_CDC_TOPIC_PREFIX,
         metrics: RelayMetrics | None = None,
         liveness: Liveness | None = None,
     ) -> None:
+        """``cdc_topic_prefix``: the connector's (OUTBOX_CONNECT_TOPIC_PREFIX); with ``tables``
+        it names the CDC heartbeat topic auto mode watches, unless the settings name one."""
         self.settings = settings
+        self.cdc_heartbeat_topic = settings.cdc_heartbeat_topic or cdc_heartbeat_topic(
+            cdc_topic_prefix, tables
+        )
         self.metrics = metrics if metrics is not None else RelayMetrics()
         self.liveness = liveness or Liveness(settings.delivery_timeout_seconds + 30)
         self._bootstrap = bootstrap_servers
@@ -323,7 +329,7 @@ class Relay:
         if self._watch is None:
             self._watch = CdcWatch(
                 self._bootstrap,
-                heartbeat_topic=self.settings.cdc_heartbeat_topic,
+                heartbeat_topic=self.cdc_heartbeat_topic,
                 offsets=self._database.cdc_offsets(),
             )
         deliveries = self._watch.poll(timeout_seconds=0.05)

@@ -34,8 +34,11 @@ class RelaySettings(BaseSettings):
     ``OUTBOX_RELAY_MODE``: ``polling``, ``auto`` or ``cleanup``. ``OUTBOX_RELAY_BATCH_SIZE``:
     rows per read. ``OUTBOX_RELAY_IDLE_SECONDS``: pause after a read that found nothing to
     publish. ``OUTBOX_RELAY_GRACE_SECONDS`` (auto): how long a row may wait for CDC before the
-    relay publishes it itself. ``OUTBOX_RELAY_CDC_HEARTBEAT_TOPIC`` (auto): the connector's
-    heartbeat change events, proof that CDC streams again.
+    relay publishes it itself. ``OUTBOX_RELAY_CDC_HEARTBEAT_TOPIC`` (auto): the topic of the
+    connector's heartbeat change events, proof that CDC streams again; by default the one the
+    connector writes (:func:`outbox.core.tables.cdc_heartbeat_topic` of
+    ``OUTBOX_CONNECT_TOPIC_PREFIX`` and the outbox's names): set it only for a connector
+    configured otherwise.
     ``OUTBOX_RELAY_LEADER_RETRY_SECONDS``: how often a standby replica tries to become leader.
     ``OUTBOX_RELAY_LEASE_SECONDS``: how long leadership lasts without renewal (the leader
     renews every third): a leader cut off from PostgreSQL is replaced within this plus the
@@ -55,7 +58,7 @@ class RelaySettings(BaseSettings):
     batch_size: int = Field(default=5000, ge=1, le=100_000)
     idle_seconds: float = Field(default=0.1, gt=0, le=60)
     grace_seconds: float = Field(default=5.0, gt=0, le=3600)
-    cdc_heartbeat_topic: str = "outbox.outbox.outbox_heartbeat"
+    cdc_heartbeat_topic: str | None = None
     leader_retry_seconds: float = Field(default=1.0, gt=0, le=60)
     lease_seconds: float = Field(default=10.0, ge=2, le=600)
     http_host: str = "127.0.0.1"
@@ -70,8 +73,8 @@ class RelaySettings(BaseSettings):
 
     @field_validator("cdc_heartbeat_topic")
     @classmethod
-    def _topic_name(cls, value: str) -> str:
-        if not _TOPIC.fullmatch(value):
+    def _topic_name(cls, value: str | None) -> str | None:
+        if value is not None and not _TOPIC.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a Kafka topic name: letters, digits, '.', '_' and '-' only"
             )

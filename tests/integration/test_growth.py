@@ -33,8 +33,8 @@ def test_cleanup_mode_bounds_a_cdc_only_outbox(relay_bench: RelayBench) -> None:
         events = [Event(aggregate_type, str(n % 4), "Tick", {"n": n}) for n in range(40)]
         with relay_bench.database.connect() as connection, connection.transaction():
             Outbox().publish_many(connection, events)
-        heartbeat = f"{cdc.connector.topic_prefix}.outbox.outbox_heartbeat"
-        with relay_bench.in_thread(mode="cleanup", cdc_heartbeat_topic=heartbeat) as relay:
+        prefix = cdc.connector.topic_prefix
+        with relay_bench.in_thread(mode="cleanup", cdc_topic_prefix=prefix) as relay:
             wait_until(lambda: relay_bench.undelivered() == 0, timeout=90, what="cleaned up")
             assert sample(relay, "outbox_relay_cdc_confirmed_total") >= 40
             assert sample(relay, "outbox_relay_published_total") == 0

@@ -115,18 +115,16 @@ def test_auto_mode_takes_over_when_connect_dies_and_steps_back_when_it_returns(
 ) -> None:
     kafka = relay_bench.kafka
     with cdc_path_for(kafka, relay_bench.database) as cdc:
-        settings = {
-            "mode": "auto",
-            "grace_seconds": 3.0,
-            "cdc_heartbeat_topic": f"{cdc.connector.topic_prefix}.outbox.outbox_heartbeat",
-        }
+        settings = {"mode": "auto", "grace_seconds": 3.0}
         writer = Writer(
             relay_bench.database.conninfo,
             f"a{uuid.uuid4().hex[:10]}",
             batches=400,
             pace_seconds=0.05,
         )
-        with relay_bench.in_thread(**settings) as relay:
+        with relay_bench.in_thread(
+            cdc_topic_prefix=cdc.connector.topic_prefix, **settings
+        ) as relay:
             writer.start()
             writer.wait_for(50)
             # CDC delivers; the relay only confirms and cleans up.

@@ -147,14 +147,11 @@ def test_no_loss_no_lake_duplicate_when_broker_store_and_connect_are_all_killed(
     lands once."""
     kafka = durable_cdc.kafka
     bench = RelayBench(durable_cdc.database, kafka, tmp_path)
-    auto = {
-        "mode": "auto",
-        "grace_seconds": 3.0,
-        "cdc_heartbeat_topic": f"{durable_cdc.connector.topic_prefix}.outbox.outbox_heartbeat",
-    }
+    auto = {"mode": "auto", "grace_seconds": 3.0}
+    cdc_topic_prefix = durable_cdc.connector.topic_prefix
     prefix = f"l{uuid.uuid4().hex[:8]}"
     lake = tmp_path / "lake"
-    with bench.in_thread(**auto) as relay:
+    with bench.in_thread(cdc_topic_prefix=cdc_topic_prefix, **auto) as relay:
         warm = Writer(durable_cdc.database.conninfo, f"{prefix}warm", batches=5)
         warm.run()  # in this thread: the first events, for the lake's first run
         wait_until(lambda: bench.undelivered() == 0, timeout=60, what="CDC confirmed")
