@@ -15,6 +15,8 @@ COPY migrations ./migrations
 COPY connect ./connect
 COPY relay ./relay
 COPY lake ./lake
+COPY reconcile ./reconcile
+COPY examples ./examples
 RUN pip install '.[relay,lake]' && useradd --system --uid 10001 --home /app outbox \
     && mkdir -p /lake && chown outbox /lake
 USER outbox
