@@ -13,6 +13,7 @@ from outbox.core.effects import LookupAnswer
 from outbox.core.errors import (
     ConfigurationError,
     ContractViolation,
+    DedupKeyUnavailableError,
     EffectError,
     EffectNotPerformedError,
     EffectStateError,
@@ -69,6 +70,7 @@ __all__ = [
     "AsyncOutbox",
     "ConfigurationError",
     "ContractViolation",
+    "DedupKeyUnavailableError",
     "EffectError",
     "EffectNotPerformedError",
     "EffectStateError",

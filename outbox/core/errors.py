@@ -12,7 +12,8 @@ Tree (domain, then condition)::
     ├── ConfigurationError (ValueError)          a setting or argument is invalid
     │   └── InvalidIdentifierError                 a SQL name from configuration
     ├── EventError (ValueError)                  an event the SDK is asked to write
-    │   └── LakeContractError                      a payload the lake would set aside
+    │   ├── LakeContractError                      a payload the lake would set aside
+    │   └── DedupKeyUnavailableError               a dedup key held by another database role
     ├── PayloadTypeError (TypeError), PayloadTooLargeError (ValueError)
     ├── TransactionRequiredError, UnsupportedTransactionError (TypeError)
     ├── ContractViolation (ValueError)           a record on Kafka that breaks the contract
@@ -35,6 +36,7 @@ __all__ = [
     "ConnectError",
     "ContractViolation",
     "DataLossError",
+    "DedupKeyUnavailableError",
     "DeliveryTimeoutError",
     "EffectError",
     "EffectNotPerformedError",
@@ -75,6 +77,12 @@ class LakeContractError(EventError):
     def __init__(self, message: str, *, problems: list[str]) -> None:
         super().__init__(message)
         self.problems = problems
+
+
+class DedupKeyUnavailableError(EventError):
+    """The event's dedup key is live but not this role's: another service's role holds it
+    (keys belong to the role that wrote them), or it expired and was deleted at that very
+    moment. The event was not written; the caller's transaction should roll back."""
 
 
 class LakeContractWarning(UserWarning):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from outbox.core.errors import EventError
+from outbox.core.errors import DedupKeyUnavailableError, EventError
 from outbox.core.event import Event, PublishResult
 from outbox.core.payload import encode_json
 from outbox.core.statements import (
@@ -141,9 +141,18 @@ def publish_events(
         elif event.dedup_key is None or event.event_id in inserted:
             results.append(PublishResult(event.event_id))
         else:
-            # The key is live; its row can only vanish if a cleanup raced with us, in which
-            # case the original is unknown but the publish was still a no-op.
-            original = original_by_key.get(event.dedup_key, event.event_id)
+            # The key is live. Its row is not visible when another role holds it (row-level
+            # security: keys belong to the role that wrote them), or when a cleanup deleted
+            # it just now: either way nothing was written, and saying "duplicate" would
+            # drop the event silently.
+            original = original_by_key.get(event.dedup_key)
+            if original is None:
+                raise DedupKeyUnavailableError(
+                    f"dedup key {event.dedup_key!r} is held by another database role (keys "
+                    "belong to the role that wrote them; prefix them with your service, e.g. "
+                    f"'orders:{event.dedup_key}'), or it expired and was deleted just now "
+                    "(publish again): the event was not written"
+                )
             results.append(PublishResult(original, duplicate=True))
     return results
 

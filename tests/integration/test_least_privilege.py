@@ -13,7 +13,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from outbox import Effects, Event, Inbox, Outbox
+from outbox import DedupKeyUnavailableError, Effects, Event, Inbox, Outbox
 from tests.cli import run_outbox
 from tests.fix_postgres import ScratchDatabase
 
@@ -160,9 +160,18 @@ def test_a_publisher_cannot_touch_another_services_dedup_keys(database: ScratchD
             ).rowcount
             assert (deleted, updated) == (0, 0)
             connection.commit()
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with pytest.raises(DedupKeyUnavailableError, match="held by another database role"):
                 with connection.transaction():  # the same key: refused, not a silent no-op
                     Outbox().publish(connection, Event("invoice", "1", "Sent", {}, dedup_key=key))
+            with connection.transaction():  # nothing was written, nor taken over
+                assert (
+                    Outbox()
+                    .publish(
+                        connection, Event("invoice", "1", "Sent", {}, dedup_key=f"billing:{key}")
+                    )
+                    .duplicate
+                    is False
+                )
         with connect_as(database, *orders) as connection, connection.transaction():
             again = Outbox().publish(connection, Event("order", "1", "Paid", {}, dedup_key=key))
         assert again.duplicate and again.event_id == first.event_id

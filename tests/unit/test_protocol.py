@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from outbox import Event, EventError
+from outbox import DedupKeyUnavailableError, Event, EventError
 from outbox.core.protocol import Rows, claim_message, in_lock_order, publish_events
 from outbox.core.statements import (
     OutboxStatements,
@@ -128,6 +128,14 @@ def test_live_keys_are_reported_as_duplicates_of_the_original() -> None:
     assert seen[1].params == {"dedup_keys": ["seen"]}
     assert results[0].event_id == new.event_id and not results[0].duplicate
     assert results[1].event_id == original_id and results[1].duplicate
+
+
+def test_a_live_key_this_role_cannot_see_is_refused_not_reported_as_a_duplicate() -> None:
+    """Nothing was inserted and the key's row is not visible (another role's key, or one
+    deleted just now): reporting a duplicate would drop the event silently."""
+    foreign = Event("invoice", "1", "Sent", {}, dedup_key="pay-1")
+    with pytest.raises(DedupKeyUnavailableError, match="'pay-1' is held by another"):
+        publish([foreign], [[], []])
 
 
 def test_objects_that_are_not_events_are_refused() -> None:
