@@ -10,7 +10,7 @@ export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test test-unit lint bench stack-down clean
-.PHONY: test-broker
+.PHONY: test-broker chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,11 +36,17 @@ test-unit: $(STAMP)
 test-broker: $(STAMP)
 	$(BIN)/pytest tests/broker $(PYTEST_ARGS)
 
+## chaos: the whole pipeline under load while faults are injected, on a stack of its own,
+## checked against its own ground truth and `outbox reconcile` (about 10 minutes; not part of
+## `make test`). ARGS=--short: 2 to 4 minutes, as CI runs it; ARGS='--seed N' replays a run.
+chaos: $(STAMP)
+	$(BIN)/python -m chaos $(ARGS)
+
 ## lint: ruff and mypy --strict on the package code
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy -p outbox -p outbox_cli -p outbox_connect -p outbox_examples -p outbox_lake -p outbox_migrations -p outbox_reconcile -p outbox_relay -p outbox_stack
+	$(BIN)/mypy -p outbox -p outbox_cli -p outbox_connect -p outbox_examples -p outbox_lake -p outbox_migrations -p outbox_reconcile -p outbox_relay -p outbox_stack -p chaos
 
 ## bench: every benchmark, then docs/benchmarks.md with plots and JSON results (ARGS=--quick: smoke sizes)
 bench: $(STAMP)

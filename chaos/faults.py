@@ -1,0 +1,293 @@
+"""Injecting the scheduled faults, and bringing back what they broke, as an operator would.
+
+Each planned fault (:mod:`chaos.schedule`) runs in a thread of its own: it waits for its
+time, takes its service's lock, breaks the service, waits its hold time, brings the service
+back (and waits until it serves: the connector running, a relay leading, the lake job's query
+started), and records when and what happened. A fault that cannot be injected or recovered
+is recorded with its error, and the run fails.
+
+The :class:`Watchdog` is the supervisor between faults: a process that died on its own (a
+relay, the lake job, Connect, PostgreSQL) is started again, and a connector whose task failed
+is restarted; each such restart is recorded (the report lists them).
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chaos.schedule import RESOURCE, Kind, PlannedFault
+from chaos.services import ChaosServices
+from tests.fix_relay import wait_until
+
+__all__ = ["Clock", "FaultInjector", "Injected", "Unplanned", "Watchdog"]
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Seconds since the load phase started."""
+
+    started: float = field(default_factory=time.monotonic)
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+
+@dataclass
+class Injected:
+    planned: PlannedFault
+    started: float | None = None
+    recovered: float | None = None
+    detail: str = ""
+    error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.started is not None and self.recovered is not None and self.error is None
+
+
+@dataclass(frozen=True)
+class Unplanned:
+    """A restart the watchdog made: a service down (or failed) that no fault was acting on."""
+
+    at: float
+    service: str
+    what: str
+
+
+class FaultInjector:
+    def __init__(
+        self,
+        services: ChaosServices,
+        plan: list[PlannedFault],
+        clock: Clock,
+        stop: threading.Event,
+    ) -> None:
+        self._services = services
+        self._clock = clock
+        self._stop = stop
+        self.injected = [Injected(fault) for fault in plan]
+        self._threads = [
+            threading.Thread(target=self._run, args=(record,), name=f"fault-{n}", daemon=True)
+            for n, record in enumerate(self.injected)
+        ]
+        self._actions: dict[Kind, Callable[[PlannedFault], str]] = {
+            Kind.CONNECT_KILL: self._kill_connect,
+            Kind.RELAY_KILL: self._kill_leading_relay,
+            Kind.LAKE_KILL: self._kill_lake_job,
+            Kind.POSTGRES_KILL: self._kill_postgres,
+            Kind.BROKER_PAUSE: self._pause_broker,
+            Kind.NETWORK_CUT: self._cut_relay_network,
+            Kind.CONNECTOR_RECREATE: self._recreate_connector,
+            Kind.CHECKPOINT_DELETE: self._delete_lake_checkpoint,
+        }
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, timeout: float) -> bool:
+        """Wait until every fault was injected and recovered; False if some still run."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def _run(self, record: Injected) -> None:
+        fault = record.planned
+        if self._stop.wait(max(0.0, fault.at - self._clock.now())):
+            return
+        with self._services.locks[RESOURCE[fault.kind]]:
+            if self._stop.is_set():
+                return
+            record.started = self._clock.now()
+            try:
+                record.detail = self._actions[fault.kind](fault)
+            except Exception as error:  # recorded: the run reports it and fails
+                record.error = f"{type(error).__name__}: {error}"
+            record.recovered = self._clock.now()
+
+    def _hold(self, fault: PlannedFault) -> None:
+        self._stop.wait(fault.hold)  # the fault itself lasts this long
+
+    def _connector_back(self) -> str:
+        """After a fault elsewhere, the connector running again: under Connect's lock, so a
+        fault on Connect (a deleted connector, a killed worker) finishes first."""
+        with self._services.locks["connect"]:
+            return self._services.ensure_connector()
+
+    # --- the faults ------------------------------------------------------------------------
+
+    def _kill_connect(self, fault: PlannedFault) -> str:
+        process = self._services.stack.connect.process
+        pid = process.pid()
+        process.signal(signal.SIGKILL)
+        wait_until(lambda: not process.is_running(), timeout=30, what="Connect gone")
+        self._hold(fault)
+        self._services.restart_connect()
+        connector = self._services.ensure_connector()
+        return (
+            f"pid {pid} killed; Connect started again (pid {process.pid()}); connector: {connector}"
+        )
+
+    def _kill_leading_relay(self, fault: PlannedFault) -> str:
+        number = self._services.leader(timeout=30)
+        if number is None:
+            raise RuntimeError("no relay led within 30 s: nothing to kill")
+        relay = self._services.relays[number]
+        pid = relay.process.pid if relay.process is not None else None
+        relay.kill()
+        self._hold(fault)
+        relay.start()
+        leader = self._services.leader(timeout=30)
+        return f"relay {number} (pid {pid}) killed and started again; relay {leader} leads"
+
+    def _kill_lake_job(self, fault: PlannedFault) -> str:
+        pid = self._services.kill_lake()
+        self._hold(fault)
+        self._services.start_lake()
+        return f"process group {pid} killed; the job started again"
+
+    def _kill_postgres(self, fault: PlannedFault) -> str:
+        pid = self._services.kill_postgres()
+        self._hold(fault)
+        self._services.restart_postgres()
+        connector = self._connector_back()
+        return f"postmaster {pid} killed; restarted; connector: {connector}"
+
+    def _pause_broker(self, fault: PlannedFault) -> str:
+        broker = self._services.stack.broker
+        if broker is None:
+            raise RuntimeError("the stack has no broker of its own to pause")
+        broker.process.signal(signal.SIGSTOP)
+        try:
+            self._hold(fault)
+        finally:
+            broker.process.signal(signal.SIGCONT)
+        connector = self._connector_back()
+        return f"SIGSTOP for {fault.hold:g} s, then SIGCONT; connector: {connector}"
+
+    def _cut_relay_network(self, fault: PlannedFault) -> str:
+        leader = self._services.leader(timeout=30)
+        cut = 0 if leader is None else leader
+        proxy = self._services.proxies[cut]
+        proxy.freeze()
+        try:
+            self._hold(fault)
+            during = self._services.leader(timeout=1)
+        finally:
+            proxy.restore()
+        after = self._services.leader(timeout=30)
+        whose = "the leader's" if leader == cut else "no relay led: relay 0's"
+        return (
+            f"{whose} link (relay {cut}) frozen for {fault.hold:g} s; relay {during} led at "
+            f"the end of the cut, relay {after} after"
+        )
+
+    def _recreate_connector(self, fault: PlannedFault) -> str:
+        client = self._services.connect_client
+        client.delete(self._services.connector.name)
+        self._hold(fault)
+        connector = self._services.ensure_connector()  # applies it (again while refused)
+        return f"deleted for {fault.hold:g} s, applied again; connector: {connector}"
+
+    def _delete_lake_checkpoint(self, fault: PlannedFault) -> str:
+        lake = self._services.lake
+        if fault.occurrence % 2:  # under the running job, by accident
+            self._services.delete_lake_checkpoint()
+            self._hold(fault)
+            how = "under the running job, which " + (
+                "kept running" if lake.is_running() else "stopped by itself"
+            )
+            lake.stop(timeout=60, group=True)
+        else:  # the documented re-ingest: stop the job, delete, start
+            lake.stop(timeout=60, group=True)
+            self._services.delete_lake_checkpoint()
+            self._hold(fault)
+            how = "with the job stopped (a re-ingest)"
+        self._services.start_lake()
+        return f"deleted {how}; the job started again from no checkpoint"
+
+
+class Watchdog(threading.Thread):
+    """Restarts what died outside a fault, every ``interval`` seconds, until ``stop``."""
+
+    def __init__(
+        self, services: ChaosServices, clock: Clock, stop: threading.Event, interval: float = 2.0
+    ) -> None:
+        super().__init__(name="watchdog", daemon=True)
+        self._services = services
+        self._clock = clock
+        self._stop_event = stop
+        self._interval = interval
+        self.restarts: list[Unplanned] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._interval):
+            self.check()
+
+    def check(self) -> None:
+        services = self._services
+        for number in range(len(services.relays)):
+            self._guard("relay", f"relay {number}", functools.partial(self._relay, number))
+        self._guard("lake", "lake job", self._lake)
+        self._guard("postgres", "postgres", self._postgres)
+        self._guard("connect", "connector", self._connector)
+
+    def _guard(self, resource: str, service: str, check: Callable[[], str | None]) -> None:
+        lock = self._services.locks[resource]
+        if not lock.acquire(blocking=False):
+            return  # a fault is acting on it
+        try:
+            what = check()
+            if what is not None:
+                self.restarts.append(Unplanned(self._clock.now(), service, what))
+        except Exception as error:
+            self.errors.append(f"{service}: {type(error).__name__}: {error}")
+        finally:
+            lock.release()
+
+    def _relay(self, number: int) -> str | None:
+        relay = self._services.relays[number]
+        if relay.process is None or relay.process.poll() is None:
+            return None
+        code = relay.process.returncode
+        last = relay.log.read_text(errors="replace").splitlines()[-1:] if relay.log.exists() else []
+        relay.start()
+        return f"exited with {code} ({' '.join(last)[:200]}); started again"
+
+    def _lake(self) -> str | None:
+        lake = self._services.lake
+        if lake.is_running():
+            return None
+        last = " ".join(lake.tail(1))[:200]
+        self._services.start_lake()
+        return f"stopped ({last}); started again"
+
+    def _postgres(self) -> str | None:
+        if self._services.stack.postgres.is_running():
+            return None
+        self._services.restart_postgres()
+        return "down; started again"
+
+    def _connector(self) -> str | None:
+        """Connect down, or the connector's task failed (what the alert would show): start
+        it, restart the task; without waiting (the next check sees whether it helped)."""
+        services = self._services
+        if not services.stack.connect.process.is_running():
+            services.restart_connect()
+            return "Connect down; started again"
+        state = services.connect_client.state(services.connector.name)
+        if state is None:
+            services.apply_connector()
+            return "connector missing; applied"
+        if state.failed_tasks or state.connector == "FAILED":
+            services.connect_client.restart(services.connector.name)
+            tasks = ", ".join(f"{task} {task_state}" for task, task_state, _ in state.tasks)
+            return f"connector {state.connector} (tasks: {tasks}); restarted"
+        return None

@@ -1,0 +1,335 @@
+"""The pipeline a chaos run drives, on a native stack of its own, and how it is restarted.
+
+- The local stack (``stack.local.LocalStack``: PostgreSQL, the broker on its object store,
+  Kafka Connect) in ``OUTBOX_CHAOS_STACK_DIR`` on free loopback ports, deleted and made
+  again at every run, so nothing of an earlier run (a connector, a topic) takes part;
+- the outbox migrated, a CDC role and a relay role, the connector applied (heartbeat every
+  second);
+- two ``outbox relay run`` processes in auto mode as the relay role, one leading and one on
+  standby, each reaching PostgreSQL through a TCP proxy of its own (the network to cut);
+- the lake job, ``outbox lake ingest`` (continuous), a process group of its own.
+
+The ``restart_*`` and ``ensure_*`` methods are what an operator (or a supervisor) does after
+a fault; every wait has a deadline. One lock per service (:attr:`ChaosServices.locks`): a
+fault holds it from injection to recovery, and the watchdog (:mod:`chaos.faults`) leaves a
+service alone while its lock is held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+import psutil
+import psycopg
+import sqlalchemy as sa
+
+import migrations
+from chaos.plans import ACCOUNT, ORDER, schema_statements
+from chaos.settings import ROOT, ChaosSettings
+from connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
+from lake.settings import LakeSettings
+from outbox import OutboxSettings
+from outbox.settings import KafkaSettings
+from stack.local import LocalStack
+from stack.process import ServiceProcess
+from tests.fix_postgres import free_port
+from tests.fix_proxy import TcpProxy
+from tests.fix_relay import RelayProcess, wait_until
+from tests.fix_stack import stack_settings
+
+__all__ = ["OUTBOX_COMMAND", "RESOURCES", "ChaosServices"]
+
+CDC_ROLE = "chaos_cdc"
+RELAY_ROLE = "chaos_relay"
+CONNECTOR = "chaos"
+TOPIC_PREFIX = "chaos"
+TOPIC_PATTERN = rf"^outbox\.event\.({ORDER}|{ACCOUNT})$"
+RESOURCES = ("postgres", "broker", "connect", "relay", "lake")
+OUTBOX_COMMAND = (sys.executable, "-m", "cli.main")
+"""The ``outbox`` command, as this checkout runs it."""
+LAKE_START_TIMEOUT_SECONDS = 240.0
+CONNECTOR_TIMEOUT_SECONDS = 240.0
+
+
+class ChaosServices:
+    def __init__(self, settings: ChaosSettings) -> None:
+        self.settings = settings
+        self.stack_settings = stack_settings(
+            settings.stack_dir, free_port(), settings.broker_storage
+        )
+        # The chaos stack's own broker, whatever OUTBOX_KAFKA_BOOTSTRAP_SERVERS says.
+        self.stack = LocalStack(self.stack_settings, KafkaSettings(bootstrap_servers=None))
+        self.run_dir = settings.run_dir
+        self.locks = {name: threading.Lock() for name in RESOURCES}
+        self.proxies: list[TcpProxy] = []
+        """The relays' links to PostgreSQL, by relay number."""
+        self.writer_proxies: list[TcpProxy] = []
+        self.relays: list[RelayProcess] = []
+        self.lake = ServiceProcess("lake-ingest", self.run_dir, marker="ingest")
+        self.lake_settings = LakeSettings(
+            root=str(self.run_dir / "lake"), topic_pattern=TOPIC_PATTERN
+        )
+        self.connector = ConnectorSettings(
+            url=self.stack.connect.rest_url,
+            name=CONNECTOR,
+            database_port=self.stack.postgres.port,
+            database_name=self.stack_settings.postgres_database,
+            database_user=CDC_ROLE,
+            slot_name=f"{CONNECTOR}_slot",
+            topic_prefix=TOPIC_PREFIX,
+            heartbeat_interval_ms=1000,
+        )
+        self.connect_client = ConnectClient(self.connector.url)
+        self._relay_password = secrets.token_urlsafe(24)
+
+    # --- start and stop ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """A fresh stack, the database objects, the connector, two relays, the lake job."""
+        self.stack.destroy()  # an earlier run's stack, with its connector and topics
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir.mkdir(parents=True)
+        self.stack.up()
+        engine = sa.create_engine(self.stack.postgres.url())
+        try:
+            with engine.begin() as connection:
+                migrations.upgrade(connection)
+                migrations.create_cdc_role(connection, CDC_ROLE, self.stack.cdc_password())
+                migrations.create_relay_role(connection, RELAY_ROLE, self._relay_password)
+                for statement, parameters in schema_statements():
+                    connection.execute(sa.text(statement), parameters)
+        finally:
+            engine.dispose()
+        self.apply_connector()
+        self.ensure_connector()
+        for number in range(2):
+            self.proxies.append(TcpProxy("127.0.0.1", self.stack.postgres.port))
+            self.relays.append(self._relay(number))
+            self.relays[-1].start()
+        self.start_lake()
+
+    def stop(self) -> None:
+        """Stop everything this run started (a paused broker is resumed first)."""
+        if self.stack.broker is not None:
+            with contextlib.suppress(Exception):
+                self.stack.broker.process.signal(signal.SIGCONT)
+        for proxy in self.proxies:
+            proxy.restore()
+        for relay in self.relays:
+            with contextlib.suppress(Exception):
+                relay.terminate(timeout=30)
+            relay.kill()
+        self.lake.stop(timeout=60, group=True)
+        for proxy in self.proxies + self.writer_proxies:
+            proxy.stop()
+        self.stack.down()
+
+    def destroy(self) -> None:
+        self.stack.destroy()
+
+    # --- addresses -------------------------------------------------------------------------
+
+    @property
+    def conninfo(self) -> str:
+        return self.stack.postgres.conninfo()
+
+    @property
+    def url(self) -> str:
+        return self.stack.postgres.url()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.stack.bootstrap_servers
+
+    def proxied(self) -> tuple[TcpProxy, str, str]:
+        """A TCP proxy of its own to PostgreSQL (a writer's network), with the psycopg
+        conninfo and the SQLAlchemy URL through it."""
+        proxy = TcpProxy("127.0.0.1", self.stack.postgres.port)
+        self.writer_proxies.append(proxy)
+        conninfo = psycopg.conninfo.make_conninfo(self.conninfo, port=proxy.port)
+        url = sa.engine.make_url(self.url).set(port=proxy.port)
+        return proxy, conninfo, url.render_as_string(hide_password=False)
+
+    def lake_environment(self) -> dict[str, str]:
+        return {
+            "OUTBOX_LAKE_ROOT": self.lake_settings.root,
+            "OUTBOX_LAKE_TOPIC_PATTERN": self.lake_settings.topic_pattern,
+            "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
+            "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "PYTHONPATH": str(ROOT),
+        }
+
+    def reconcile_environment(self) -> dict[str, str]:
+        """What `outbox reconcile` needs to read this pipeline."""
+        return {
+            **self.lake_environment(),
+            "OUTBOX_DATABASE_URL": self.url,
+            "OUTBOX_RECONCILE_WORK_DIR": str(self.run_dir),
+        }
+
+    def _relay(self, number: int) -> RelayProcess:
+        password = urllib.parse.quote(self._relay_password, safe="")
+        database = self.stack_settings.postgres_database
+        port = self.proxies[number].port
+        http_port = free_port()
+        return RelayProcess(
+            env={
+                "OUTBOX_DATABASE_URL": (
+                    f"postgresql+psycopg://{RELAY_ROLE}:{password}@127.0.0.1:{port}/{database}"
+                ),
+                "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+                "OUTBOX_RELAY_MODE": "auto",
+                "OUTBOX_RELAY_CDC_HEARTBEAT_TOPIC": f"{TOPIC_PREFIX}.outbox.outbox_heartbeat",
+                "OUTBOX_RELAY_GRACE_SECONDS": "3",
+                "OUTBOX_RELAY_HTTP_PORT": str(http_port),
+                "OUTBOX_RELAY_LEADER_RETRY_SECONDS": "0.5",
+                "OUTBOX_RELAY_DELIVERY_TIMEOUT_SECONDS": "10",
+                "PYTHONPATH": str(ROOT),
+            },
+            log=self.run_dir / f"relay-{number}.log",
+            port=http_port,
+        )
+
+    # --- PostgreSQL ------------------------------------------------------------------------
+
+    def kill_postgres(self) -> int:
+        """``kill -9`` of the postmaster; its backends exit on their own once they notice
+        (those still there after 20 s are killed, as a service manager would). Its pid."""
+        pid = self.stack.postgres.pid()
+        if pid is None:
+            raise RuntimeError("PostgreSQL is not running")
+        children = psutil.Process(pid).children(recursive=True)
+        os.kill(pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(children, timeout=20)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(alive, timeout=10)
+        return pid
+
+    def restart_postgres(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.stack.postgres.up()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    # --- Connect and the connector ----------------------------------------------------------
+
+    def restart_connect(self) -> None:
+        self.stack.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password})
+
+    @property
+    def cdc_password(self) -> str:
+        return self.stack.cdc_password()
+
+    def apply_connector(self) -> None:
+        config = render_connector_config(self.connector, OutboxSettings())
+        self.connect_client.apply(self.connector.name, config)
+
+    def ensure_connector(self, timeout: float = CONNECTOR_TIMEOUT_SECONDS) -> str:
+        """What an operator does until the connector runs: start Connect if it is down,
+        apply the connector if it is missing, restart it and its failed tasks. What was
+        done, in words."""
+        done: dict[str, None] = {}  # what was done, once each, in order
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if not self.stack.connect.process.is_running():
+                    self.restart_connect()
+                    done["Connect started"] = None
+                state = self.connect_client.state(self.connector.name)
+                if state is None:
+                    self.apply_connector()
+                    done["connector applied"] = None
+                elif state.running:
+                    return ", ".join(done) or "running"
+                elif state.failed_tasks or state.connector == "FAILED":
+                    self.connect_client.restart(self.connector.name)
+                    done["failed tasks restarted"] = None
+            except (ConnectError, OSError) as error:
+                if time.monotonic() > deadline:
+                    raise ConnectError(f"the connector is not running: {error}") from error
+            if time.monotonic() > deadline:
+                raise ConnectError(
+                    f"the connector is not running after {timeout:.0f} s; see "
+                    f"{self.stack.connect.process.log_file}"
+                )
+            time.sleep(1)
+
+    # --- relays ----------------------------------------------------------------------------
+
+    def leader(self, timeout: float = 30) -> int | None:
+        """The number of the relay that leads (waiting up to ``timeout``), or None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for number, relay in enumerate(self.relays):
+                if self.relay_running(number) and relay.metric("outbox_relay_leader") == 1.0:
+                    return number
+            time.sleep(0.2)
+        return None
+
+    def relay_running(self, number: int) -> bool:
+        process = self.relays[number].process
+        return process is not None and process.poll() is None
+
+    # --- the lake job ----------------------------------------------------------------------
+
+    def start_lake(self) -> None:
+        """Start ``outbox lake ingest`` and wait until its query has started."""
+        log = self.lake.log_file
+        offset = log.stat().st_size if log.exists() else 0
+        self.lake.start(
+            [*OUTBOX_COMMAND, "lake", "ingest"],
+            env={**os.environ, **self.lake_environment()},
+        )
+
+        def started() -> bool:
+            if not self.lake.is_running():
+                raise RuntimeError(
+                    f"the lake job exited at start; see {log}:\n" + "\n".join(self.lake.tail(15))
+                )
+            with log.open("rb") as text:
+                text.seek(offset)
+                return b"lake ingest started" in text.read()
+
+        wait_until(started, timeout=LAKE_START_TIMEOUT_SECONDS, what="the lake job started")
+
+    def kill_lake(self) -> int:
+        """``kill -9`` of the lake job's process group (the Spark driver and its JVM)."""
+        pid = self.lake.pid()
+        if pid is None:
+            raise RuntimeError("the lake job is not running")
+        os.killpg(pid, signal.SIGKILL)
+        wait_until(lambda: not self.lake.is_running(), timeout=30, what="the lake job gone")
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        return pid
+
+    def delete_lake_checkpoint(self) -> Path:
+        checkpoint = Path(self.lake_settings.checkpoint)
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        return checkpoint
+
+    # --- the outbox ------------------------------------------------------------------------
+
+    def undelivered(self) -> int:
+        tables = OutboxSettings().tables
+        with psycopg.connect(self.conninfo, connect_timeout=5) as connection:
+            row = connection.execute(
+                f"SELECT count(*) FROM {tables.qualified_outbox}"  # noqa: S608 - quoted name
+            ).fetchone()
+        return int(row[0]) if row else 0

@@ -1,0 +1,74 @@
+"""Settings of a chaos run: ``OUTBOX_CHAOS_*`` environment variables, or the same names as
+options of ``python -m chaos`` (``--seed``, ``--duration``, ``--short``...), options first.
+
+Two profiles: the default (about ten minutes in all, every fault kind twice, over 50,000
+committed events) and ``--short`` (two to four minutes, every kind once, fewer events: what
+CI runs). An option given explicitly wins over the profile.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ROOT", "ChaosSettings"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SHORT = {"duration_seconds": 100.0, "events_per_second": 60.0, "faults_per_kind": 1}
+
+
+class ChaosSettings(BaseSettings):
+    """What one chaos run does.
+
+    ``seed``: the seed of the fault schedule and of the writers' choices (random when unset,
+    and always printed, so a failing run can be replayed with ``--seed``).
+    ``duration_seconds``: how long the writers write while faults are injected (start-up,
+    drain and checks come on top). ``events_per_second``: the writers' combined target rate.
+    ``faults_per_kind``: how many times each kind of fault is injected.
+    ``drain_timeout_seconds``: how long the outbox may take to empty and the lake to catch up
+    once the writers stopped. ``stack_dir``: the chaos stack's own folder (deleted and made
+    again at each run). ``broker_storage``: the broker's engine (``s3``, the stack's default).
+    ``keep``: keep the stack's data after a passing run (a failing run always keeps it).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOX_CHAOS_", extra="ignore", frozen=True)
+
+    seed: int = Field(default_factory=lambda: secrets.randbelow(1_000_000), ge=0)
+    duration_seconds: float = Field(default=420.0, ge=30, le=86_400)
+    events_per_second: float = Field(default=150.0, gt=0, le=5_000)
+    faults_per_kind: int = Field(default=2, ge=1, le=50)
+    drain_timeout_seconds: float = Field(default=420.0, ge=30, le=7_200)
+    stack_dir: Path = ROOT / ".stack" / "chaos"
+    broker_storage: Literal["s3", "memory"] = "s3"
+    keep: bool = False
+    short: bool = False
+
+    @classmethod
+    def for_run(cls, *, short: bool, **given: object) -> ChaosSettings:
+        """The settings of a run: the environment, then the profile, then the options
+        ``given`` (None: not given)."""
+        chosen = {name: value for name, value in given.items() if value is not None}
+        if short:
+            from_env = cls()
+            profile = {
+                name: value
+                for name, value in _SHORT.items()
+                if name not in from_env.model_fields_set
+            }
+            chosen = {**profile, **chosen}
+        return cls.model_validate({"short": short, **chosen})
+
+    @property
+    def run_dir(self) -> Path:
+        """Logs, the lake, the ground truth and the report of this run."""
+        return self.stack_dir / "run"
+
+    @property
+    def least_per_kind(self) -> int:
+        """How many faults of each kind the run must have injected to count."""
+        return self.faults_per_kind
