@@ -1,6 +1,9 @@
-"""``python -m chaos`` (``make chaos``): see chaos/__init__.py. Exit status 0 when the run
-passed, 1 on any violation (or a bug, said so), 2 for a setting or a service that is not
-right (one line naming it)."""
+"""``python -m chaos`` (``make chaos``): see chaos/__init__.py.
+
+Exit status: 0 when the run passed; 1 on any violation; 2 when a setting is invalid or the
+stack could not be brought up or back (one line naming it; the services' logs stay in the
+stack's folder). Anything else is a bug of the suite, shown with its traceback.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,13 @@ from rich.console import Console
 
 from chaos.run import run
 from chaos.settings import ChaosSettings
-from cli._common import fail, friendly_errors
+from outbox import OutboxError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+SETUP_ERRORS = (OutboxError, RuntimeError, AssertionError)
+"""A service that would not start or come back (``StackError``, ``ConnectError``), a process
+that exited, a wait past its deadline (``not within 240 s: the lake job started``)."""
 
 
 def _settings(**given: object) -> ChaosSettings:
@@ -24,7 +31,8 @@ def _settings(**given: object) -> ChaosSettings:
             f"(OUTBOX_CHAOS_{str(item['loc'][0]).upper()}): {item['msg']}"
             for item in error.errors()
         )
-        raise fail(f"error: invalid settings: {problems}") from None
+        typer.secho(f"error: invalid settings: {problems}", err=True, fg="red")
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -33,9 +41,12 @@ def main(
     duration: float | None = typer.Option(
         None, help="Seconds of load while faults are injected (default 420; --short: 100)."
     ),
-    short: bool = typer.Option(False, help="The CI profile: 2 to 4 minutes, each fault once."),
+    short: bool = typer.Option(False, help="The CI profile: 3 to 4 minutes, each fault once."),
     events_per_second: float | None = typer.Option(None, help="The writers' combined rate."),
     faults_per_kind: int | None = typer.Option(None, help="Faults of each kind (default 2)."),
+    drain_timeout: float | None = typer.Option(
+        None, help="Seconds the outbox may take to empty and the lake to catch up (420)."
+    ),
     keep: bool = typer.Option(False, help="Keep the stack's data after a passing run."),
 ) -> None:
     """Drive the native stack under load while faults are injected; check that no event was
@@ -46,10 +57,18 @@ def main(
         duration_seconds=duration,
         events_per_second=events_per_second,
         faults_per_kind=faults_per_kind,
+        drain_timeout_seconds=drain_timeout,
         keep=keep or None,
     )
-    with friendly_errors():
-        passed = run(settings, Console())
+    console = Console()
+    try:
+        passed = run(settings, console)
+    except SETUP_ERRORS as error:
+        console.print(
+            f"[red]error: {type(error).__name__}: {error}[/red] (seed {settings.seed}; logs in "
+            f"{settings.stack_dir})"
+        )
+        raise typer.Exit(2) from None
     raise typer.Exit(0 if passed else 1)
 
 

@@ -178,14 +178,15 @@ class FaultInjector:
         proxy.freeze()
         try:
             self._hold(fault)
-            during = self._services.leader(timeout=1)
+            during = self._services.claiming()
         finally:
             proxy.restore()
         after = self._services.leader(timeout=30)
         whose = "the leader's" if leader == cut else "no relay led: relay 0's"
         return (
-            f"{whose} link (relay {cut}) frozen for {fault.hold:g} s; relay {during} led at "
-            f"the end of the cut, relay {after} after"
+            f"{whose} link (relay {cut}) frozen for {fault.hold:g} s; claiming the lease at "
+            f"the end of the cut: relay {', '.join(map(str, during)) or 'none'}; "
+            f"after: relay {after}"
         )
 
     def _recreate_connector(self, fault: PlannedFault) -> str:

@@ -117,11 +117,12 @@ def run(settings: ChaosSettings, console: Console) -> bool:
         watchdog.join(timeout=120)
         outcome = "done" if drained.caught_up else f"NOT done: waiting for {drained.waiting_for}"
         console.log(f"drain {outcome} in {drained.seconds:g} s; checking")
-        checks = check(
-            truth,
-            lake_rows(services.lake_settings),
-            kafka_copies(services.bootstrap_servers, services.lake_settings.topic_pattern),
+        steps = ", ".join(f"{step} at {at:g} s" for step, at in drained.steps.items())
+        console.log(f"drain: {steps}")
+        copies = drained.copies or kafka_copies(
+            services.bootstrap_servers, services.lake_settings.topic_pattern
         )
+        checks = check(truth, lake_rows(services.lake_settings), copies)
         reconciled = run_reconcile(OUTBOX_COMMAND, services.reconcile_environment())
         pairs = overlapping(injector.injected)
         figures = _figures(

@@ -95,6 +95,7 @@ class ChaosServices:
 
     def start(self) -> None:
         """A fresh stack, the database objects, the connector, two relays, the lake job."""
+        self.lake.stop(timeout=60, group=True)  # left running by an interrupted run
         self.stack.destroy()  # an earlier run's stack, with its connector and topics
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
@@ -272,13 +273,22 @@ class ChaosServices:
 
     # --- relays ----------------------------------------------------------------------------
 
+    def claiming(self) -> list[int]:
+        """The relays whose ``outbox_relay_leader`` says they lead. Two, for a moment, when
+        one was cut off: it learns that it lost the lease only once it reaches PostgreSQL."""
+        return [
+            number
+            for number, relay in enumerate(self.relays)
+            if self.relay_running(number) and relay.metric("outbox_relay_leader") == 1.0
+        ]
+
     def leader(self, timeout: float = 30) -> int | None:
-        """The number of the relay that leads (waiting up to ``timeout``), or None."""
+        """The one relay that leads (waiting up to ``timeout`` for exactly one), or None."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for number, relay in enumerate(self.relays):
-                if self.relay_running(number) and relay.metric("outbox_relay_leader") == 1.0:
-                    return number
+            claiming = self.claiming()
+            if len(claiming) == 1:
+                return claiming[0]
             time.sleep(0.2)
         return None
 

@@ -135,6 +135,10 @@ class Drain:
     seconds: float = 0.0
     caught_up: bool = False
     waiting_for: str = ""
+    steps: dict[str, float] = field(default_factory=dict)
+    """Seconds since the drain started at which each step was done."""
+    copies: list[KafkaCopy] = field(default_factory=list)
+    """Kafka read once the outbox was empty: every committed event is there by then."""
 
 
 def drain(
@@ -144,8 +148,9 @@ def drain(
     bootstrap_servers: str,
     timeout: float,
 ) -> Drain:
-    """Wait until the outbox is empty and the lake holds every committed event and every
-    event on Kafka (or ``timeout`` passed)."""
+    """Wait until the outbox is empty (each row leaves it only once its event is on Kafka),
+    read Kafka, then wait until the lake holds every committed event and every event read
+    (or ``timeout`` passed)."""
     started = time.monotonic()
     deadline = started + timeout
     result = Drain()
@@ -155,24 +160,24 @@ def drain(
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):  # a service still coming back: ask again
                 if done():
+                    result.steps[what] = round(time.monotonic() - started, 1)
                     return True
             time.sleep(pause)  # polling: the outbox and a folder have no event to await
         return False
 
-    committed = set(truth.committed)
-    on_kafka: set[str] = set()
+    def read_kafka() -> bool:
+        result.copies = kafka_copies(bootstrap_servers, lake.topic_pattern)
+        return True
 
-    def kafka_landed() -> bool:
-        on_kafka.clear()
-        on_kafka.update(c.event_id for c in kafka_copies(bootstrap_servers, lake.topic_pattern))
-        return (committed | on_kafka) <= _lake_ids(lake)
-
+    expected = set(truth.committed)
     result.caught_up = (
-        waited("the outbox to be empty", lambda: undelivered() == 0, 1.0)
+        waited("the outbox empty", lambda: undelivered() == 0, 1.0)
+        and waited("Kafka read", read_kafka, 3.0)
         and waited(
-            "the lake to hold every committed event", lambda: committed <= _lake_ids(lake), 3.0
+            "the lake holding every committed event and every event on Kafka",
+            lambda: expected | {c.event_id for c in result.copies} <= _lake_ids(lake),
+            3.0,
         )
-        and waited("the lake to hold every event on Kafka", kafka_landed, 3.0)
     )
     result.seconds = round(time.monotonic() - started, 1)
     return result
