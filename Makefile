@@ -38,7 +38,7 @@ test-broker: $(STAMP)
 
 ## chaos: the whole pipeline under load while faults are injected, on a stack of its own,
 ## checked against its own ground truth and `outbox reconcile` (about 10 minutes; not part of
-## `make test`). ARGS=--short: 2 to 4 minutes, as CI runs it; ARGS='--seed N' replays a run.
+## `make test`). ARGS=--short: 3 to 4 minutes, as CI runs it; ARGS='--seed N' replays a run.
 chaos: $(STAMP)
 	$(BIN)/python -m chaos $(ARGS)
 

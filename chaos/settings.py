@@ -1,8 +1,9 @@
-"""Settings of a chaos run: ``OUTBOX_CHAOS_*`` environment variables, or the same names as
-options of ``python -m chaos`` (``--seed``, ``--duration``, ``--short``...), options first.
+"""Settings of a chaos run: ``OUTBOX_CHAOS_*`` environment variables, or the options of
+``python -m chaos`` (``--seed``, ``--duration`` for ``DURATION_SECONDS``, ``--short``...),
+options first.
 
 Two profiles: the default (about ten minutes in all, every fault kind twice, over 50,000
-committed events) and ``--short`` (two to four minutes, every kind once, fewer events: what
+committed events) and ``--short`` (three to four minutes, every kind once, fewer events: what
 CI runs). An option given explicitly wins over the profile.
 """
 

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -149,8 +150,8 @@ def drain(
     timeout: float,
 ) -> Drain:
     """Wait until the outbox is empty (each row leaves it only once its event is on Kafka),
-    read Kafka, then wait until the lake holds every committed event and every event read
-    (or ``timeout`` passed)."""
+    then until the lake holds every committed event and every event on Kafka, read
+    meanwhile (or ``timeout`` passed)."""
     started = time.monotonic()
     deadline = started + timeout
     result = Drain()
@@ -165,20 +166,32 @@ def drain(
             time.sleep(pause)  # polling: the outbox and a folder have no event to await
         return False
 
-    def read_kafka() -> bool:
-        result.copies = kafka_copies(bootstrap_servers, lake.topic_pattern)
-        return True
-
-    expected = set(truth.committed)
-    result.caught_up = (
-        waited("the outbox empty", lambda: undelivered() == 0, 1.0)
-        and waited("Kafka read", read_kafka, 3.0)
-        and waited(
-            "the lake holding every committed event and every event on Kafka",
-            lambda: expected | {c.event_id for c in result.copies} <= _lake_ids(lake),
-            3.0,
-        )
+    reader = threading.Thread(
+        target=lambda: result.copies.extend(kafka_copies(bootstrap_servers, lake.topic_pattern)),
+        name="drain-kafka-read",
+        daemon=True,
     )
+
+    def kafka_read() -> bool:
+        reader.join(max(0.0, deadline - time.monotonic()))
+        return not reader.is_alive()
+
+    committed = set(truth.committed)
+    if waited("the outbox empty", lambda: undelivered() == 0, 1.0):
+        reader.start()  # Kafka holds every committed event by now: read it meanwhile
+        result.caught_up = (
+            waited(
+                "the lake holding every committed event",
+                lambda: committed <= _lake_ids(lake),
+                3.0,
+            )
+            and waited("Kafka read", kafka_read, 0.0)
+            and waited(
+                "the lake holding every event on Kafka",
+                lambda: {c.event_id for c in result.copies} <= _lake_ids(lake),
+                3.0,
+            )
+        )
     result.seconds = round(time.monotonic() - started, 1)
     return result
 
