@@ -32,15 +32,15 @@ import psutil
 import psycopg
 import sqlalchemy as sa
 
-import migrations
+import outbox_migrations
 from chaos.plans import ACCOUNT, ORDER, schema_statements
 from chaos.settings import ROOT, ChaosSettings
-from connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
-from lake.settings import LakeSettings
 from outbox import OutboxSettings
 from outbox.settings import KafkaSettings
-from stack.local import LocalStack
-from stack.process import ServiceProcess
+from outbox_connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
+from outbox_lake.settings import LakeSettings
+from outbox_stack.local import LocalStack
+from outbox_stack.process import ServiceProcess
 from tests.fix_postgres import free_port
 from tests.fix_proxy import TcpProxy
 from tests.fix_relay import RelayProcess, wait_until
@@ -54,7 +54,7 @@ CONNECTOR = "chaos"
 TOPIC_PREFIX = "chaos"
 TOPIC_PATTERN = rf"^outbox\.event\.({ORDER}|{ACCOUNT})$"
 RESOURCES = ("postgres", "broker", "connect", "relay", "lake")
-OUTBOX_COMMAND = (sys.executable, "-m", "cli.main")
+OUTBOX_COMMAND = (sys.executable, "-m", "outbox_cli.main")
 """The ``outbox`` command, as this checkout runs it."""
 LAKE_START_TIMEOUT_SECONDS = 240.0
 CONNECTOR_TIMEOUT_SECONDS = 240.0
@@ -103,9 +103,9 @@ class ChaosServices:
         engine = sa.create_engine(self.stack.postgres.url())
         try:
             with engine.begin() as connection:
-                migrations.upgrade(connection)
-                migrations.create_cdc_role(connection, CDC_ROLE, self.stack.cdc_password())
-                migrations.create_relay_role(connection, RELAY_ROLE, self._relay_password)
+                outbox_migrations.upgrade(connection)
+                outbox_migrations.create_cdc_role(connection, CDC_ROLE, self.stack.cdc_password())
+                outbox_migrations.create_relay_role(connection, RELAY_ROLE, self._relay_password)
                 for statement, parameters in schema_statements():
                     connection.execute(sa.text(statement), parameters)
         finally:
@@ -189,7 +189,8 @@ class ChaosServices:
                 ),
                 "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
                 "OUTBOX_RELAY_MODE": "auto",
-                "OUTBOX_RELAY_CDC_HEARTBEAT_TOPIC": f"{TOPIC_PREFIX}.outbox.outbox_heartbeat",
+                # The connector's topic prefix: the relay derives the heartbeat topic from it.
+                "OUTBOX_CONNECT_TOPIC_PREFIX": TOPIC_PREFIX,
                 "OUTBOX_RELAY_GRACE_SECONDS": "3",
                 "OUTBOX_RELAY_HTTP_PORT": str(http_port),
                 "OUTBOX_RELAY_LEADER_RETRY_SECONDS": "0.5",

@@ -37,8 +37,8 @@ from deltalake.exceptions import TableNotFoundError
 from kafka import KafkaConsumer
 
 from chaos.truth import GroundTruth, Written
-from lake.settings import LakeSettings
-from reconcile.records import KafkaCopy, copy_of
+from outbox_lake.settings import LakeSettings
+from outbox_reconcile.records import KafkaCopy, copy_of
 
 __all__ = [
     "Checks",

@@ -11,7 +11,7 @@ from itertools import pairwise
 from chaos.schedule import RESOURCE, Kind, plan_faults
 from chaos.truth import GroundTruth, Outcome, Written
 from chaos.verify import LakeRow, check
-from reconcile.records import KafkaCopy
+from outbox_reconcile.records import KafkaCopy
 
 
 def test_the_schedule_has_every_kind_as_often_as_asked_some_together_and_replays() -> None:
