@@ -27,6 +27,7 @@ from datetime import timedelta
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from outbox.core.effect_statements import EffectStatements
 from outbox.settings import OutboxSettings
 
 __all__ = ["DEFAULT_DEAD_LETTER_RETENTION", "HEARTBEAT_RETENTION", "expire"]
@@ -44,29 +45,27 @@ def expire(
     """Delete expired rows; returns how many per table (the caller commits)."""
     settings = settings if settings is not None else OutboxSettings()
     tables = settings.tables
-    anything, done = "", "state = 'done' AND "
     plan = (
-        (tables.dedup, tables.qualified_dedup, anything, "created_at", settings.dedup_window),
-        (tables.inbox, tables.qualified_inbox, anything, "received_at", settings.inbox_retention),
-        (tables.effect, tables.qualified_effect, done, "updated_at", settings.inbox_retention),
-        (tables.dead_letter, tables.qualified_dead_letter, anything, "failed_at", dead_letters),
-        (
-            tables.inbox_dead_letter,
-            tables.qualified_inbox_dead_letter,
-            anything,
-            "failed_at",
-            dead_letters,
-        ),
-        (tables.heartbeat, tables.qualified_heartbeat, anything, "beat", HEARTBEAT_RETENTION),
+        (tables.dedup, tables.qualified_dedup, "created_at", settings.dedup_window),
+        (tables.inbox, tables.qualified_inbox, "received_at", settings.inbox_retention),
+        (tables.dead_letter, tables.qualified_dead_letter, "failed_at", dead_letters),
+        (tables.inbox_dead_letter, tables.qualified_inbox_dead_letter, "failed_at", dead_letters),
+        (tables.heartbeat, tables.qualified_heartbeat, "beat", HEARTBEAT_RETENTION),
     )
     deleted: dict[str, int] = {}
-    for name, qualified, condition, column, older_than in plan:
+    for name, qualified, column, older_than in plan:
         result = connection.execute(
             text(
-                f"DELETE FROM {qualified} WHERE {condition}{column} < clock_timestamp() - "
+                f"DELETE FROM {qualified} WHERE {column} < clock_timestamp() - "
                 "make_interval(secs => :seconds)"
             ),
             {"seconds": older_than.total_seconds()},
         )
         deleted[name] = int(result.rowcount)
+    # The side-effect ledger's done steps: its own statement (the one `delete_expired()` runs).
+    result = connection.exec_driver_sql(
+        EffectStatements(tables).delete_expired_done,
+        {"window_seconds": settings.inbox_retention.total_seconds()},
+    )
+    deleted[tables.effect] = int(result.rowcount)
     return deleted
