@@ -135,3 +135,16 @@ def test_the_extra_installs_what_its_modules_import(extra: str | None) -> None:
         if not provided_by.get(name, set()) & installed
     }
     assert not missing, f"add to the {extra or 'base'} dependencies: {sorted(missing)}"
+
+
+def test_the_relay_extra_gives_kafka_python_its_c_checksum() -> None:
+    """kafka-python computes each record batch's CRC-32C (produce) and checks it (fetch) in
+    pure Python unless the ``crc32c`` package is there: a third of the relay's time, and the
+    lake's reads pay it too. The relay extra installs it; this environment must have it."""
+    from kafka.record import util
+
+    assert "crc32c" in installed_with("relay")
+    assert util.calc_crc32c.__defaults__ is not None
+    assert util.calc_crc32c.__defaults__[0] is not util.crc32c_py, (
+        "kafka-python falls back to its pure-Python CRC-32C: install the relay extra"
+    )
