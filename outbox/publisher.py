@@ -29,7 +29,7 @@ from outbox.core.errors import (
     UnsupportedTransactionError,
 )
 from outbox.core.event import Event, PublishResult
-from outbox.core.lake_contract import payload_problems, scalar_problem
+from outbox.core.lake_contract import INT64_MAX, INT64_MIN, payload_problems, scalar_problem
 from outbox.core.protocol import Rows, attached_rows, delete_expired, publish_events
 from outbox.core.statements import ROW_PARAMETERS, OutboxStatements, Statement, encode_batch
 from outbox.settings import OutboxSettings
@@ -131,7 +131,7 @@ def _fits_lake(payload: Any) -> bool:
     Field names are checked once per set of names (an application has a few payload shapes);
     only the values, whose problems depend on the value, are looked at on every call.
     """
-    if not isinstance(payload, Mapping):
+    if type(payload) is not dict and not isinstance(payload, Mapping):
         return False
     names = tuple(payload)
     if not _names_fit_lake(names):
@@ -140,6 +140,8 @@ def _fits_lake(payload: Any) -> bool:
         kind = type(value)
         if (kind is str and value.isascii()) or kind is bool or value is None:
             continue  # never a problem
+        if kind is int and INT64_MIN <= value <= INT64_MAX:
+            continue
         if scalar_problem(name, value) is not None:
             return False
     return True
@@ -153,7 +155,7 @@ def _names_fit_lake(names: tuple[Any, ...]) -> bool:
 
 def _plain_payload(payload: Any) -> Any:
     """The payload's top level as the lake will see it (dataclasses and models as dicts)."""
-    if isinstance(payload, Mapping):
+    if type(payload) is dict or isinstance(payload, Mapping):
         return payload
     dump = getattr(payload, "model_dump", None)
     if callable(dump):

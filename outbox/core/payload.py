@@ -33,7 +33,7 @@ import enum
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -43,13 +43,25 @@ __all__ = ["JsonValue", "encode_json", "to_json_value"]
 
 # One encoder for the process: json.dumps with options builds a new one on every call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+# The same encoder's C core, made once (JSONEncoder.encode makes it anew on every call). No
+# circular-reference markers: the fast path's type walk has already seen every container.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_ENCODE_PLAIN: Callable[[Any, int], Sequence[str]] = (
+    _c_make_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    if _c_make_encoder is not None
+    else lambda value, _level: (_ENCODER.encode(value),)
+)
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
 
 def encode_json(value: object, *, root: str = "payload", max_bytes: int | None = None) -> str:
     """Encode ``value`` to compact JSON text; refuse it if larger than ``max_bytes`` (UTF-8)."""
-    text = _ENCODER.encode(to_json_value(value, root))
+    text = _encode_plain(value)
+    if text is None:  # not plain JSON types, or a value to refuse: the walk names the field
+        text = _ENCODER.encode(to_json_value(value, root))
     if max_bytes is not None:
         # A str's UTF-8 size is at most 4 bytes per character: skip the encode when it fits anyway.
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
@@ -61,6 +73,44 @@ def encode_json(value: object, *, root: str = "payload", max_bytes: int | None =
                 limit=max_bytes,
             )
     return text
+
+
+_PLAIN_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _encode_plain(value: object) -> str | None:
+    """The fast path, with the walk's text: a dict of plain JSON types (str keys; str, int,
+    float, bool, None, dict and list values) goes straight to the C encoder, and the text is
+    checked for what the walk refuses (NaN and infinities raise in the encoder; a NUL
+    character shows as an escaped u0000; a lone surrogate fails UTF-8 encoding). ``None``
+    when anything is off: then the walk converts the value, or raises naming the field."""
+    if type(value) is not dict or not _is_plain_dict(value):
+        return None
+    try:
+        text = "".join(_ENCODE_PLAIN(value, 0))
+    except ValueError:  # NaN or an infinity
+        return None
+    if "\\u0000" in text:
+        return None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return text
+
+
+def _is_plain_dict(value: dict[Any, Any]) -> bool:
+    return all(type(key) is str and _is_plain(item) for key, item in value.items())
+
+
+def _is_plain(item: object) -> bool:
+    kind = type(item)
+    if kind is dict:
+        return _is_plain_dict(item)  # type: ignore[arg-type]
+    if kind is list:
+        return all(map(_is_plain, item))  # type: ignore[call-overload]
+    return kind in _PLAIN_SCALARS
 
 
 def to_json_value(value: object, path: str = "payload") -> JsonValue:

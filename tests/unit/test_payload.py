@@ -149,3 +149,50 @@ def test_payload_over_the_limit_is_refused_with_its_size() -> None:
     assert raised.value.size == len('{"blob":""}') + 1200
     assert raised.value.limit == 1000
     assert encode_json({"blob": "é" * 400}, max_bytes=1000)
+
+
+# Anything a payload may hold, storable or not: NUL, lone surrogates, NaN, non-str keys,
+# tuples, special types; the fast path must give the walk's text or the walk's error.
+any_text = st.text(alphabet=st.characters(), max_size=8) | st.sampled_from(
+    ["a\x00b", "\ud800", "\\u0000"]
+)
+any_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | any_text
+    | st.decimals(allow_nan=False)
+    | st.uuids()
+)
+any_values = st.recursive(
+    any_scalars,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(any_text | st.integers(), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def _walked(value: Any) -> str | type[Exception]:
+    from outbox.core.payload import _ENCODER, to_json_value
+
+    try:
+        text = _ENCODER.encode(to_json_value(value, "payload"))
+        text.encode("utf-8")
+    except (PayloadTypeError, UnicodeEncodeError) as error:
+        return type(error)
+    return text
+
+
+@given(st.dictionaries(any_text | st.integers() | st.booleans(), any_values, max_size=5))
+def test_the_fast_path_gives_the_walks_text_or_its_error(payload: dict[Any, Any]) -> None:
+    expected = _walked(payload)
+    try:
+        got: str | type[Exception] = encode_json(payload)
+        got.encode("utf-8")
+    except (PayloadTypeError, UnicodeEncodeError) as error:
+        got = type(error)
+    assert got == expected
