@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 
-from outbox.core.contract import refuse_json_constant
+from outbox.core.contract import load_strict_json
 from outbox.core.lake_contract import column_name_problem, scalar_problem
 
 __all__ = ["TYPED_BASE", "TypedPlan", "plan_typed_rows"]
+
+# A payload's field names repeat from event to event: each is judged once.
+_name_problem = lru_cache(maxsize=4096)(column_name_problem)
+# One encoder for the process (json.dumps with options builds one per call).
+_NESTED_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
 
 TYPED_BASE = [
     ("event_id", pa.string()),
@@ -46,8 +53,13 @@ class TypedPlan:
     rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     """(event row, reason) for each row set aside."""
 
+    built: pa.Table | None = None
+    """The rows as a table, once built (planning checks that Arrow takes them)."""
+
     def table(self) -> pa.Table:
-        return pa.Table.from_pylist(self.rows, schema=self.schema)
+        if self.built is None:
+            self.built = pa.Table.from_pylist(self.rows, schema=self.schema)
+        return self.built
 
 
 class _Refused(Exception):
@@ -71,7 +83,7 @@ def _cell(name: str, value: Any) -> Any:
         raise _Refused(problem)
     if isinstance(value, dict | list):
         try:
-            text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            text = _NESTED_JSON.encode(value)
             text.encode("utf-8")
         except (ValueError, UnicodeEncodeError) as error:
             raise _Refused(f"payload field {name!r} cannot be kept as JSON text: {error}") from None
@@ -83,7 +95,7 @@ def _cell(name: str, value: Any) -> Any:
 
 def _load(payload_text: str) -> dict[str, Any]:
     try:
-        payload = json.loads(payload_text, parse_constant=refuse_json_constant)
+        payload = load_strict_json(payload_text)
     except RecursionError:
         raise _Refused("the payload is nested too deeply to type") from None
     if not isinstance(payload, dict):
@@ -126,6 +138,7 @@ def _keep_storable(plan: TypedPlan, events: list[dict[str, Any]]) -> None:
         return
     except (pa.ArrowException, ValueError, TypeError, OverflowError):
         pass
+    plan.built = None
     accepted = [event for event in events if not any(event is r for r, _ in plan.rejected)]
     rows = []
     for event, row in zip(accepted, plan.rows, strict=True):
@@ -149,7 +162,7 @@ def _type_row(
     new: dict[str, pa.DataType] = {}
     row_lower: dict[str, str] = {}
     for name, value in payload.items():
-        problem = column_name_problem(name)
+        problem = _name_problem(name)
         if problem is not None:
             raise _Refused(problem)
         twin = row_lower.setdefault(name.lower(), name)

@@ -39,6 +39,7 @@ __all__ = [
     "ReceivedEvent",
     "event_id_of",
     "headers_for",
+    "load_strict_json",
     "parse_record",
     "record_for",
     "refuse_json_constant",
@@ -209,10 +210,22 @@ def refuse_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# One decoder for the process: json.loads builds a new one on every call given an option.
+_STRICT_DECODER = json.JSONDecoder(parse_constant=refuse_json_constant)
+
+
+def load_strict_json(text: str) -> Any:
+    """``json.loads(text, parse_constant=refuse_json_constant)``, without a decoder per call
+    (it runs for every record the lake and the consumers read)."""
+    if text.startswith("\ufeff"):  # as json.loads
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _STRICT_DECODER.decode(text)
+
+
 def _json(text: str, what: str) -> Any:
     """Strict JSON: ``NaN``/``Infinity`` refused; nesting too deep for Python refused."""
     try:
-        return json.loads(text, parse_constant=refuse_json_constant)
+        return load_strict_json(text)
     except ValueError as error:  # JSONDecodeError is a ValueError
         raise ContractViolation(f"{what} is not JSON: {error}") from None
     except RecursionError:
