@@ -133,7 +133,7 @@ class OutboxKafkaSource(DataSource):
         return _KafkaStreamReader(
             bootstrap_servers=options["bootstrapservers"],
             pattern=options["pattern"],
-            max_records=int(options.get("maxrecordsperbatch", "20000")),
+            max_records=int(options.get("maxrecordsperbatch", "50000")),
             max_bytes=int(options.get("maxbytesperbatch", str(64 * 2**20))),
             fail_on_data_loss=options.get("failondataloss", "true").lower() != "false",
             end_offsets=options.get("endoffsets", "scan"),

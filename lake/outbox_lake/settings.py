@@ -37,7 +37,7 @@ class LakeSettings(BaseSettings):
 
     root: str = ".lake"
     topic_pattern: str = r"^outbox\.event\..+"
-    max_records_per_batch: int = Field(default=20_000, ge=1, le=10_000_000)
+    max_records_per_batch: int = Field(default=50_000, ge=1, le=10_000_000)
     max_bytes_per_batch: int = Field(default=64 * 2**20, ge=2**20, le=2**34)
     trigger_seconds: float = Field(default=1.0, gt=0, le=3600)
     fail_on_data_loss: bool = True
