@@ -50,11 +50,17 @@ _HOW_TO_BEGIN_ASYNC = _HOW_TO_BEGIN.replace("`with", "`async with")
 
 
 def drive(operation: Generator[Statement, Rows, T], execute: SyncExecutor) -> T:
-    """Run a core operation to its end, executing each statement it yields."""
+    """Run a core operation to its end, executing each statement it yields. A statement's
+    error is thrown into the operation, which may say what it means (or let it through)."""
     try:
         statement = next(operation)
         while True:
-            statement = operation.send(execute(statement))
+            try:
+                rows = execute(statement)
+            except Exception as error:
+                statement = operation.throw(error)
+                continue
+            statement = operation.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
@@ -64,7 +70,12 @@ async def drive_async(operation: Generator[Statement, Rows, T], execute: AsyncEx
     try:
         statement = next(operation)
         while True:
-            statement = operation.send(await execute(statement))
+            try:
+                rows = await execute(statement)
+            except Exception as error:
+                statement = operation.throw(error)
+                continue
+            statement = operation.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 

@@ -123,7 +123,16 @@ def publish_events(
         return [PublishResult(event.event_id) for event in events]
 
     params = {"batch": batch, "dedup_window_seconds": dedup_window.total_seconds()}
-    inserted_rows = yield Statement(statements.insert_events_with_dedup, params, Result.ROWS)
+    try:
+        inserted_rows = yield Statement(statements.insert_events_with_dedup, params, Result.ROWS)
+    except Exception as error:
+        if is_row_security_refusal(error):
+            # PostgreSQL checks a conflicting key's row against row-level security before
+            # the ON CONFLICT condition (since the 2026 minor releases: 15.20, ...); before
+            # that, a live key of another role was skipped silently (handled below).
+            live = [row.dedup_key for row in rows if row.dedup_key is not None]
+            raise DedupKeyUnavailableError(_held_elsewhere(", ".join(map(repr, live)))) from error
+        raise
     inserted: set[uuid.UUID] = {row[0] for row in inserted_rows}
     original_by_key: dict[str, uuid.UUID] = {}
     live_keys = [
@@ -147,14 +156,24 @@ def publish_events(
             # drop the event silently.
             original = original_by_key.get(event.dedup_key)
             if original is None:
-                raise DedupKeyUnavailableError(
-                    f"dedup key {event.dedup_key!r} is held by another database role (keys "
-                    "belong to the role that wrote them; prefix them with your service, e.g. "
-                    f"'orders:{event.dedup_key}'), or it expired and was deleted just now "
-                    "(publish again): the event was not written"
-                )
+                raise DedupKeyUnavailableError(_held_elsewhere(repr(event.dedup_key)))
             results.append(PublishResult(original, duplicate=True))
     return results
+
+
+def _held_elsewhere(keys: str) -> str:
+    return (
+        f"dedup key {keys} is held by another database role (keys belong to the role that "
+        "wrote them; prefix them with your service, e.g. 'orders:<key>'), or it expired and "
+        "was deleted just now (publish again): the event was not written; roll back"
+    )
+
+
+def is_row_security_refusal(error: BaseException) -> bool:
+    """A PostgreSQL row-level security violation (SQLSTATE 42501 and its message), raised
+    by psycopg or wrapped by SQLAlchemy (``.orig``)."""
+    cause = getattr(error, "orig", None) or error
+    return getattr(cause, "sqlstate", None) == "42501" and "row-level security" in str(cause)
 
 
 def attached_rows(events: Sequence[Event], *, max_payload_bytes: int) -> list[EventRow]:

@@ -271,3 +271,57 @@ def test_the_cdc_role_reads_the_outbox_and_nothing_else(database: ScratchDatabas
                 connection.rollback()
     finally:
         drop_role(database, name)
+
+
+HIJACK = """
+CREATE FUNCTION {schema}.hijack_{name}(a text, b text) RETURNS {result} LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_user <> session_user THEN
+        RAISE EXCEPTION 'the publisher''s operator ran as %', current_user;
+    END IF;
+    RETURN a OPERATOR(pg_catalog.{operator}) b;
+END $$;
+CREATE OPERATOR {schema}.{operator} (LEFTARG = text, RIGHTARG = text,
+                                     FUNCTION = {schema}.hijack_{name});
+"""
+
+
+def test_a_publisher_cannot_run_its_own_operators_as_the_table_owner(
+    database: ScratchDatabase, publisher: tuple[str, str]
+) -> None:
+    """The topic registry's trigger runs as the tables' owner: a publisher that puts its own
+    ``=``, ``<>`` and ``||`` on text in a schema of its own, first on its search_path, must
+    not get them called there (outbox_0006). Its operators raise if they ever run as
+    anyone but the publisher; publishing an event of a known and of a new aggregate type
+    (the registry's two paths) succeeds."""
+    role, _password = publisher
+    schema = f"own_{uuid.uuid4().hex[:8]}"
+    with database.connect(autocommit=True) as admin:
+        admin.execute(
+            psycopg.sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                psycopg.sql.Identifier(database.name), psycopg.sql.Identifier(role)
+            )
+        )
+    outbox = Outbox()
+    with connect_as(database, *publisher) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+        for name, operator, result in (
+            ("eq", "=", "boolean"),
+            ("ne", "<>", "boolean"),
+            ("cat", "||", "text"),
+        ):
+            connection.execute(
+                HIJACK.format(schema=schema, name=name, operator=operator, result=result)
+            )
+        connection.commit()
+        connection.execute(f"SET search_path = {schema}, pg_catalog")
+        assert connection.execute("SELECT 'a' = 'a'").fetchone() == (True,), "operators in use"
+        with connection.transaction():
+            outbox.publish(connection, Event("order", "1", "OrderPlaced", {}))
+            outbox.publish(connection, Event(f"new.{schema}", "1", "Created", {}))
+    with database.connect() as admin:
+        registered = admin.execute(
+            "SELECT count(*) FROM outbox.outbox_topic WHERE aggregatetype = %s",
+            (f"new.{schema}",),
+        ).fetchone()
+    assert registered == (1,)

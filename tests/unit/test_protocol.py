@@ -152,3 +152,51 @@ def test_claim_checks_its_arguments() -> None:
 
 def test_named_style_for_sqlalchemy() -> None:
     assert to_named_style("a = %(x)s AND b = %(y_1)s") == "a = :x AND b = :y_1"
+
+
+class _ServerError(Exception):
+    """Stands for a driver's error: what the core reads of it is ``sqlstate``."""
+
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class _Wrapped(Exception):
+    """Stands for SQLAlchemy's wrapper: the driver's error is ``orig``."""
+
+    def __init__(self, orig: Exception) -> None:
+        super().__init__(str(orig))
+        self.orig = orig
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_a_row_security_refusal_of_a_key_is_the_same_error_as_a_skipped_key(wrap: bool) -> None:
+    """Newer PostgreSQL releases raise a row-level security violation where older ones
+    skipped another role's live key: both reach the caller as DedupKeyUnavailableError."""
+    operation = publish_events(
+        STATEMENTS,
+        [Event("invoice", "1", "Sent", {}, dedup_key="pay-1")],
+        max_payload_bytes=1_000_000,
+        dedup_window=timedelta(hours=1),
+    )
+    next(operation)
+    refusal: Exception = _ServerError(
+        "42501", 'new row violates row-level security policy for table "outbox_dedup"'
+    )
+    with pytest.raises(DedupKeyUnavailableError, match="'pay-1' is held by another") as raised:
+        operation.throw(_Wrapped(refusal) if wrap else refusal)
+    assert raised.value.__cause__ is not None
+
+
+def test_other_errors_of_the_dedup_statement_reach_the_caller_as_they_are() -> None:
+    operation = publish_events(
+        STATEMENTS,
+        [Event("invoice", "1", "Sent", {}, dedup_key="pay-1")],
+        max_payload_bytes=1_000_000,
+        dedup_window=timedelta(hours=1),
+    )
+    next(operation)
+    denied = _ServerError("42501", "permission denied for table outbox_dedup")
+    with pytest.raises(_ServerError, match="permission denied"):
+        operation.throw(denied)

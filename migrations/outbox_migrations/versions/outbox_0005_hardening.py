@@ -31,11 +31,9 @@ Create Date: 2026-11-23
 
 from __future__ import annotations
 
-import zlib
-
 from alembic import op
 
-from outbox_migrations.names import outbox_tables
+from outbox_migrations.names import outbox_tables, registry_lock_class
 
 revision = "outbox_0005"
 down_revision = "outbox_0004"
@@ -49,12 +47,6 @@ AGGREGATE_TYPE_PATTERN = "^[A-Za-z0-9._-]{1,200}$"
 def _literal(identifier: str) -> str:
     """A validated plain identifier (outbox.core.identifiers) as an SQL string literal."""
     return f"'{identifier}'"
-
-
-def _registry_lock_class() -> int:
-    """The first key of the registry's advisory locks: apart from the ordering trigger's."""
-    tables = outbox_tables()
-    return zlib.crc32(f"{tables.schema}.{tables.outbox}:topics".encode()) - 2**31
 
 
 def _names() -> dict[str, str]:
@@ -128,9 +120,10 @@ def upgrade() -> None:
         "ON CONFLICT DO NOTHING"
     )
     # SECURITY DEFINER: publishers need no privilege on the registry. Every relation and
-    # function in it is schema-qualified, and pg_catalog is searched first for operators,
-    # so no role can slip its own objects into its lookups. (No ``SET search_path``: that
-    # clause alone cost 16 us per inserted row, half the cost of an insert; measured.)
+    # function in it is schema-qualified; its operators and its variable's type were not,
+    # and a caller's search_path can name its own schema before pg_catalog: outbox_0006
+    # replaces this body with one where they are. (No ``SET search_path``: that clause
+    # alone cost 16 us per inserted row, half the cost of an insert; measured.)
     op.execute(
         f"""
         CREATE FUNCTION {n["function"]}() RETURNS trigger LANGUAGE plpgsql
@@ -145,7 +138,7 @@ def upgrade() -> None:
             -- A new type. If another open transaction registers the same key right now, do
             -- not wait for it (a long transaction would stall every writer of the type):
             -- let the row through; the type is registered by one of them.
-            IF NOT pg_catalog.pg_try_advisory_xact_lock({_registry_lock_class()},
+            IF NOT pg_catalog.pg_try_advisory_xact_lock({registry_lock_class(outbox_tables())},
                 pg_catalog.hashtext(pg_catalog.translate(NEW.aggregatetype, '.', '_'))
             ) THEN
                 RETURN NEW;
