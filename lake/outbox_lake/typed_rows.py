@@ -22,12 +22,21 @@ from typing import Any
 import pyarrow as pa
 
 from outbox.core.contract import load_strict_json
-from outbox.core.lake_contract import column_name_problem, scalar_problem
+from outbox.core.lake_contract import MAX_COLUMN_NAME, column_name_problem, scalar_problem
 
 __all__ = ["TYPED_BASE", "TypedPlan", "plan_typed_rows"]
 
-# A payload's field names repeat from event to event: each is judged once.
-_name_problem = lru_cache(maxsize=4096)(column_name_problem)
+# A payload's field names repeat from event to event: each is judged once (names too long
+# for a column are refused at once, and never kept in the cache).
+_cached_name_problem = lru_cache(maxsize=4096)(column_name_problem)
+
+
+def _name_problem(name: str) -> str | None:
+    if len(name) > MAX_COLUMN_NAME:
+        return column_name_problem(name)
+    return _cached_name_problem(name)
+
+
 # One encoder for the process (json.dumps with options builds one per call).
 _NESTED_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 

@@ -84,11 +84,13 @@ def _encode_plain(value: object) -> str | None:
     checked for what the walk refuses (NaN and infinities raise in the encoder; a NUL
     character shows as an escaped u0000; a lone surrogate fails UTF-8 encoding). ``None``
     when anything is off: then the walk converts the value, or raises naming the field."""
-    if type(value) is not dict or not _is_plain_dict(value):
-        return None
     try:
+        if type(value) is not dict or not _is_plain_dict(value):
+            return None
         text = "".join(_ENCODE_PLAIN(value, 0))
     except ValueError:  # NaN or an infinity
+        return None
+    except RecursionError:  # deep nesting: the walk, with the whole stack, decides
         return None
     if "\\u0000" in text:
         return None

@@ -126,7 +126,7 @@ def publish_events(
     try:
         inserted_rows = yield Statement(statements.insert_events_with_dedup, params, Result.ROWS)
     except Exception as error:
-        if is_row_security_refusal(error):
+        if is_row_security_refusal(error, statements.tables.dedup):
             # PostgreSQL checks a conflicting key's row against row-level security before
             # the ON CONFLICT condition (since the 2026 minor releases: 15.20, ...); before
             # that, a live key of another role was skipped silently (handled below).
@@ -163,17 +163,26 @@ def publish_events(
 
 def _held_elsewhere(keys: str) -> str:
     return (
-        f"dedup key {keys} is held by another database role (keys belong to the role that "
+        f"dedup key(s) {keys}: held by another database role (keys belong to the role that "
         "wrote them; prefix them with your service, e.g. 'orders:<key>'), or it expired and "
         "was deleted just now (publish again): the event was not written; roll back"
     )
 
 
-def is_row_security_refusal(error: BaseException) -> bool:
-    """A PostgreSQL row-level security violation (SQLSTATE 42501 and its message), raised
-    by psycopg or wrapped by SQLAlchemy (``.orig``)."""
+def is_row_security_refusal(error: BaseException, table: str) -> bool:
+    """A row of ``table`` refused by its row-level security policy (SQLSTATE 42501, "new row
+    violates row-level security policy ... for table "<table>""), raised by psycopg or
+    wrapped by SQLAlchemy (``.orig``). Not ``row_security = off`` ("query would be
+    affected by ..."), nor a policy of another table (an earlier statement's error that a
+    pipeline reports here). A server whose messages are translated is not recognised: its
+    error reaches the caller as it is."""
     cause = getattr(error, "orig", None) or error
-    return getattr(cause, "sqlstate", None) == "42501" and "row-level security" in str(cause)
+    message = str(cause)
+    return (
+        getattr(cause, "sqlstate", None) == "42501"
+        and "violates row-level security policy" in message
+        and f'for table "{table}"' in message
+    )
 
 
 def attached_rows(events: Sequence[Event], *, max_payload_bytes: int) -> list[EventRow]:

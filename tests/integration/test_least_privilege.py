@@ -290,10 +290,10 @@ def test_a_publisher_cannot_run_its_own_operators_as_the_table_owner(
     database: ScratchDatabase, publisher: tuple[str, str]
 ) -> None:
     """The topic registry's trigger runs as the tables' owner: a publisher that puts its own
-    ``=``, ``<>`` and ``||`` on text in a schema of its own, first on its search_path, must
-    not get them called there (outbox_0006). Its operators raise if they ever run as
-    anyone but the publisher; publishing an event of a known and of a new aggregate type
-    (the registry's two paths) succeeds."""
+    ``=``, ``<>`` and ``||`` on text in a schema of its own, first on its search_path, and a
+    type ``text`` in pg_temp, must not get them used there (outbox_0006). They raise if
+    they ever run as anyone but the publisher; publishing an event of a known and of a new
+    aggregate type (the registry's two paths) succeeds."""
     role, _password = publisher
     schema = f"own_{uuid.uuid4().hex[:8]}"
     with database.connect(autocommit=True) as admin:
@@ -314,6 +314,22 @@ def test_a_publisher_cannot_run_its_own_operators_as_the_table_owner(
                 HIJACK.format(schema=schema, name=name, operator=operator, result=result)
             )
         connection.commit()
+        # pg_temp is searched first for types, whatever the path says: a domain "text"
+        # there whose check runs the publisher's function.
+        connection.execute(
+            """
+            CREATE FUNCTION pg_temp.guard(value text) RETURNS boolean LANGUAGE plpgsql AS $$
+            BEGIN
+                IF current_user <> session_user THEN
+                    RAISE EXCEPTION 'the publisher''s type ran as %', current_user;
+                END IF;
+                RETURN true;
+            END $$
+            """
+        )
+        connection.execute(
+            "CREATE DOMAIN pg_temp.text AS pg_catalog.text CHECK (pg_temp.guard(VALUE))"
+        )
         connection.execute(f"SET search_path = {schema}, pg_catalog")
         assert connection.execute("SELECT 'a' = 'a'").fetchone() == (True,), "operators in use"
         with connection.transaction():

@@ -196,3 +196,14 @@ def test_the_fast_path_gives_the_walks_text_or_its_error(payload: dict[Any, Any]
     except (PayloadTypeError, UnicodeEncodeError) as error:
         got = type(error)
     assert got == expected
+
+
+def test_a_payload_nested_as_deep_as_the_walk_allows_still_encodes() -> None:
+    """The fast path's type walk gives up on deep nesting (RecursionError) and leaves it
+    to the walk, which has the whole stack: 400 levels encode, as they did before it."""
+    payload: dict[str, Any] = {}
+    level = payload
+    for _ in range(400):
+        level["a"] = {}
+        level = level["a"]
+    assert encode_json(payload) == '{"a":' * 400 + "{}" + "}" * 400

@@ -134,7 +134,7 @@ def test_a_live_key_this_role_cannot_see_is_refused_not_reported_as_a_duplicate(
     """Nothing was inserted and the key's row is not visible (another role's key, or one
     deleted just now): reporting a duplicate would drop the event silently."""
     foreign = Event("invoice", "1", "Sent", {}, dedup_key="pay-1")
-    with pytest.raises(DedupKeyUnavailableError, match="'pay-1' is held by another"):
+    with pytest.raises(DedupKeyUnavailableError, match="'pay-1': held by another"):
         publish([foreign], [[], []])
 
 
@@ -184,7 +184,7 @@ def test_a_row_security_refusal_of_a_key_is_the_same_error_as_a_skipped_key(wrap
     refusal: Exception = _ServerError(
         "42501", 'new row violates row-level security policy for table "outbox_dedup"'
     )
-    with pytest.raises(DedupKeyUnavailableError, match="'pay-1' is held by another") as raised:
+    with pytest.raises(DedupKeyUnavailableError, match="'pay-1': held by another") as raised:
         operation.throw(_Wrapped(refusal) if wrap else refusal)
     assert raised.value.__cause__ is not None
 
@@ -200,3 +200,24 @@ def test_other_errors_of_the_dedup_statement_reach_the_caller_as_they_are() -> N
     denied = _ServerError("42501", "permission denied for table outbox_dedup")
     with pytest.raises(_ServerError, match="permission denied"):
         operation.throw(denied)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # row_security = off for a role the policy applies to: retrying cannot help
+        'query would be affected by row-level security policy for table "outbox_dedup"',
+        # another table's policy (an earlier statement's error, reported here in a pipeline)
+        'new row violates row-level security policy for table "orders"',
+    ],
+)
+def test_row_security_errors_of_other_kinds_or_tables_are_not_a_held_key(message: str) -> None:
+    operation = publish_events(
+        STATEMENTS,
+        [Event("invoice", "1", "Sent", {}, dedup_key="pay-1")],
+        max_payload_bytes=1_000_000,
+        dedup_window=timedelta(hours=1),
+    )
+    next(operation)
+    with pytest.raises(_ServerError, match="row-level security"):
+        operation.throw(_ServerError("42501", message))
