@@ -39,6 +39,8 @@ from benchmarks._results import Results
 from benchmarks._shared import engines_side_by_side, fresh_database
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for
+from outbox_relay.database import OutboxRow, RelayDatabase
+from outbox_relay.producer import ContractProducer
 from outbox_relay.service import Relay
 from outbox_relay.settings import RelaySettings
 from outbox_stack.local import LocalStack, stack_on
@@ -80,6 +82,37 @@ def records_of(conninfo: str, aggregate_type: str, topic_suffix: str) -> list[An
         )
         for row in rows
     ]
+
+
+def relay_rows_of(url: str, aggregate_type: str, topic_suffix: str) -> list[OutboxRow]:
+    """The rows as the relay reads them (its own statement), on a topic of their own."""
+    database = RelayDatabase(url, OutboxSettings().tables, lease_seconds=10)
+    database.connect()
+    try:
+        rows = database.read(0, 10_000_000)
+    finally:
+        database.close()
+    return [
+        row._replace(aggregate_type=row.aggregate_type + topic_suffix)
+        for row in rows
+        if row.aggregate_type == aggregate_type
+    ]
+
+
+def relay_producer_alone(bootstrap: str, rows: list[OutboxRow], settings: RelaySettings) -> float:
+    """The relay's Kafka side without its database: its producer sends the rows batch by
+    batch (``batch_size``), waiting for each batch's acknowledgements, as the relay does."""
+    producer = ContractProducer(bootstrap, settings)
+    try:
+        producer.publish(rows[:1])  # warm-up, as the bare producer's
+        started = time.monotonic()
+        for start in range(0, len(rows), settings.batch_size):
+            outcome = producer.publish(rows[start : start + settings.batch_size])
+            if outcome.failure is not None or outcome.retry or outcome.rejected:
+                raise RuntimeError(f"the broker did not take a batch: {outcome}")
+        return len(rows) / (time.monotonic() - started)
+    finally:
+        producer.close()
 
 
 def bare_producer(bootstrap: str, records: list[Any], settings: RelaySettings) -> float:
@@ -200,14 +233,16 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> d
         f"{arguments.events:,} events of ~60 bytes; relay batch {settings.batch_size}, "
         f"linger {settings.linger_ms} ms, acks=all, idempotent"
     )
-    relay_figures, bare_figures = [], []
+    relay_figures, bare_figures, alone_figures = [], [], []
     for _ in range(arguments.rounds):
         aggregate_type = f"b{uuid.uuid4().hex[:8]}"
         fill(conninfo, aggregate_type, arguments.events)
         records = records_of(conninfo, aggregate_type, "-bare")
+        rows = relay_rows_of(url, aggregate_type, "-alone")
         with psycopg.connect(conninfo, autocommit=True) as connection:
             connection.execute("DELETE FROM outbox.outbox")
         bare_figures.append(bare_producer(bootstrap, records, settings))
+        alone_figures.append(relay_producer_alone(bootstrap, rows, settings))
         relay_figures.append(
             relay_drain(url, bootstrap, settings, conninfo, aggregate_type, arguments.events)
         )
@@ -222,12 +257,19 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> d
         + ", ".join(f"{f:,.0f}" for f in relay_figures)
         + ")"
     )
+    alone_best = max(alone_figures)
+    print(
+        f"relay's producer, no database: {alone_best:>7,.0f} events/s  (rounds: "
+        + ", ".join(f"{f:,.0f}" for f in alone_figures)
+        + f"; {alone_best / bare_best:.2f}x bare: the relay's Kafka side alone)"
+    )
     print(f"ratio relay / bare         : {relay_best / bare_best:>9.2f}   target >= 0.9")
     results.figures.update(
         events=arguments.events,
         bare_producer_events_per_second=round(bare_best, 1),
         relay_events_per_second=round(relay_best, 1),
         ratio=round(relay_best / bare_best, 3),
+        relay_producer_alone_events_per_second=round(alone_best, 1),
         target=0.9,
     )
 
