@@ -142,6 +142,8 @@ def _stages(results: dict[str, Any], folder: Path) -> str:
 def _lake(data: dict[str, Any], folder: Path) -> str:
     f = data["figures"]
     lines = ["## Lake ingest (`benchmarks/lake_ingest.py`)", ""]
+    if "broker" in f:
+        lines += [f"Broker: {f['broker']}.", ""]
     if "dedup_events_per_second" in f:
         lines.append(
             f"Ingest of {_fmt(f['events'])} events already on Kafka: plain append "
@@ -236,7 +238,8 @@ def _pipeline(data: dict[str, Any], folder: Path) -> str:
         "Router) to the broker and the lake job (continuous, trigger "
         f"{f['trigger_seconds']:g} s). Latency: from `pg_xact_commit_timestamp` to the Delta "
         "commit that made the event queryable. Events/s per stage over each stage's own "
-        "first-to-last span. CPU in cores (1.0 = one core busy) while the writers ran.",
+        "first-to-last span. CPU in cores (1.0 = one core busy) while the writers ran."
+        + (f" Broker: {f['broker']}." if "broker" in f else ""),
         "",
         "| rate/s | keeps up | written/s | broker/s | lake/s | lake / broker | p50 s | p95 s | "
         "p99 s | commit-to-broker p99 s | drain s | CPU (cores) | load |",

@@ -223,8 +223,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="outbox-lake-bench-"))
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores; Spark local[2], deltalake, "
-        f"{'external Kafka' if stack.broker is None else 'Tansu 0.6'} on loopback"
+        f"{'external Kafka' if stack.broker is None else stack.broker.describe()} on loopback"
     )
+    results.figures["broker"] = "external" if stack.broker is None else stack.broker.describe()
     spark = spark_session(LakeSettings())
     try:
         warm_type = f"warm{uuid.uuid4().hex[:8]}"  # JVM, Python workers: warm before timing

@@ -300,9 +300,12 @@ def main() -> None:
     meter = CpuMeter({name: pid for name, pid in pids.items() if pid is not None})
     print(
         f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; PostgreSQL 15, "
-        "Debezium 3.0.7 + Event Router in Connect 3.9, Tansu 0.6, lake job in Spark local[2] "
-        f"(trigger {LakeSettings().trigger_seconds:g} s); {arguments.seconds:g} s per rate"
+        "Debezium 3.0.7 + Event Router in Connect 3.9, "
+        f"{'external Kafka' if stack.broker is None else stack.broker.describe()}, lake job in "
+        f"Spark local[2] (trigger {LakeSettings().trigger_seconds:g} s); "
+        f"{arguments.seconds:g} s per rate"
     )
+    results.figures["broker"] = "external" if stack.broker is None else stack.broker.describe()
     runs: list[dict[str, Any]] = []
     try:
         # Warm up: Connect creates the topic, the lake job finds it and lands a first batch.
