@@ -1,6 +1,6 @@
 """Run every benchmark and write one report: JSON results, PNG plots, ``docs/benchmarks.md``.
 
-    python -m benchmarks.report              # every benchmark, full size (about 35 minutes)
+    python -m benchmarks.report              # every benchmark, full size (about 15 minutes)
     python -m benchmarks.report --quick      # small sizes: a smoke run (about 8 minutes)
     python -m benchmarks.report --only sdk_publish pipeline
     python -m benchmarks.report --render     # only re-render the page from saved results
