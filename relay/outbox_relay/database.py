@@ -207,9 +207,13 @@ class RelayDatabase:
         """Delete what the broker acknowledged; move what it refused to the dead letters.
 
         One transaction: a crash leaves either all of it or none of it (then the batch is
-        published again, with the same event ids).
+        published again, with the same event ids). With nothing refused it is the delete
+        alone, one statement and so one transaction by itself (one round trip, not three).
         """
         connection = self.connection
+        if not rejected:
+            connection.execute(self.statements.delete, (id_list(delivered),))
+            return
         with connection.transaction():
             for event_id, reason in rejected:
                 connection.execute(self.statements.dead_letter, (reason, event_id))
