@@ -32,9 +32,3 @@ def outbox_tables() -> OutboxTables:
 def advisory_lock_class(tables: OutboxTables) -> int:
     """A stable int4 that names this outbox table's advisory locks (first key of the pair)."""
     return zlib.crc32(f"{tables.schema}.{tables.outbox}".encode()) - 2**31
-
-
-def registry_lock_class(tables: OutboxTables) -> int:
-    """The first key of the topic registry's advisory locks: apart from the ordering
-    trigger's (:func:`advisory_lock_class`)."""
-    return zlib.crc32(f"{tables.schema}.{tables.outbox}:topics".encode()) - 2**31

@@ -154,6 +154,18 @@ def test_named_style_for_sqlalchemy() -> None:
     assert to_named_style("a = %(x)s AND b = %(y_1)s") == "a = :x AND b = :y_1"
 
 
+def keyed_publish() -> Generator[Statement, Rows, Any]:
+    """A publish of one event with a dedup key, at its first statement (the keyed insert)."""
+    operation = publish_events(
+        STATEMENTS,
+        [Event("invoice", "1", "Sent", {}, dedup_key="pay-1")],
+        max_payload_bytes=1_000_000,
+        dedup_window=timedelta(hours=1),
+    )
+    next(operation)
+    return operation
+
+
 class _ServerError(Exception):
     """Stands for a driver's error: what the core reads of it is ``sqlstate``."""
 
@@ -174,13 +186,7 @@ class _Wrapped(Exception):
 def test_a_row_security_refusal_of_a_key_is_the_same_error_as_a_skipped_key(wrap: bool) -> None:
     """Newer PostgreSQL releases raise a row-level security violation where older ones
     skipped another role's live key: both reach the caller as DedupKeyUnavailableError."""
-    operation = publish_events(
-        STATEMENTS,
-        [Event("invoice", "1", "Sent", {}, dedup_key="pay-1")],
-        max_payload_bytes=1_000_000,
-        dedup_window=timedelta(hours=1),
-    )
-    next(operation)
+    operation = keyed_publish()
     refusal: Exception = _ServerError(
         "42501", 'new row violates row-level security policy for table "outbox_dedup"'
     )
@@ -190,13 +196,7 @@ def test_a_row_security_refusal_of_a_key_is_the_same_error_as_a_skipped_key(wrap
 
 
 def test_other_errors_of_the_dedup_statement_reach_the_caller_as_they_are() -> None:
-    operation = publish_events(
-        STATEMENTS,
-        [Event("invoice", "1", "Sent", {}, dedup_key="pay-1")],
-        max_payload_bytes=1_000_000,
-        dedup_window=timedelta(hours=1),
-    )
-    next(operation)
+    operation = keyed_publish()
     denied = _ServerError("42501", "permission denied for table outbox_dedup")
     with pytest.raises(_ServerError, match="permission denied"):
         operation.throw(denied)
@@ -212,12 +212,6 @@ def test_other_errors_of_the_dedup_statement_reach_the_caller_as_they_are() -> N
     ],
 )
 def test_row_security_errors_of_other_kinds_or_tables_are_not_a_held_key(message: str) -> None:
-    operation = publish_events(
-        STATEMENTS,
-        [Event("invoice", "1", "Sent", {}, dedup_key="pay-1")],
-        max_payload_bytes=1_000_000,
-        dedup_window=timedelta(hours=1),
-    )
-    next(operation)
+    operation = keyed_publish()
     with pytest.raises(_ServerError, match="row-level security"):
         operation.throw(_ServerError("42501", message))

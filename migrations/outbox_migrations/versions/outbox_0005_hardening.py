@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from alembic import op
 
-from outbox_migrations.names import outbox_tables, registry_lock_class
+from outbox_migrations.names import outbox_tables
+from outbox_migrations.topic_registry import check_function_sql
 
 revision = "outbox_0005"
 down_revision = "outbox_0004"
@@ -119,48 +120,11 @@ def upgrade() -> None:
         f"translate(aggregatetype, '.', '_') FROM {n['outbox']} ORDER BY 1 "
         "ON CONFLICT DO NOTHING"
     )
-    # SECURITY DEFINER: publishers need no privilege on the registry. Every relation and
-    # function in it is schema-qualified; its operators and its variable's type were not,
-    # and a caller's search_path can name its own schema before pg_catalog: outbox_0006
-    # replaces this body with one where they are. (No ``SET search_path``: that clause
-    # alone cost 16 us per inserted row, half the cost of an insert; measured.)
-    op.execute(
-        f"""
-        CREATE FUNCTION {n["function"]}() RETURNS trigger LANGUAGE plpgsql
-        SECURITY DEFINER AS $fn$
-        DECLARE
-            other text;
-        BEGIN
-            PERFORM 1 FROM {n["topic"]} WHERE aggregatetype = NEW.aggregatetype;
-            IF FOUND THEN
-                RETURN NEW;
-            END IF;
-            -- A new type. If another open transaction registers the same key right now, do
-            -- not wait for it (a long transaction would stall every writer of the type):
-            -- let the row through; the type is registered by one of them.
-            IF NOT pg_catalog.pg_try_advisory_xact_lock({registry_lock_class(outbox_tables())},
-                pg_catalog.hashtext(pg_catalog.translate(NEW.aggregatetype, '.', '_'))
-            ) THEN
-                RETURN NEW;
-            END IF;
-            INSERT INTO {n["topic"]} VALUES
-                (NEW.aggregatetype, pg_catalog.translate(NEW.aggregatetype, '.', '_'))
-                ON CONFLICT DO NOTHING;
-            SELECT aggregatetype INTO other FROM {n["topic"]}
-                WHERE collision_key = pg_catalog.translate(NEW.aggregatetype, '.', '_');
-            -- (NULL: registered by a transaction this snapshot cannot see: let it through)
-            IF other IS NOT NULL AND other <> NEW.aggregatetype THEN
-                RAISE EXCEPTION 'aggregate type % collides with aggregate type %',
-                    NEW.aggregatetype, other
-                    USING ERRCODE = 'check_violation',
-                    HINT = 'Kafka treats "." and "_" alike in topic names: use the existing '
-                           'aggregate type, or a name that differs otherwise';
-            END IF;
-            RETURN NEW;
-        END
-        $fn$
-        """
-    )
+    # SECURITY DEFINER: publishers need no privilege on the registry. The body is the one
+    # outbox_0006 installs (nothing in it resolves through the caller's search_path); this
+    # revision first shipped one whose operators and variable type did, and 0006 replaces
+    # it where it was installed.
+    op.execute(check_function_sql(outbox_tables()))
     op.execute(f"REVOKE ALL ON FUNCTION {n['function']}() FROM PUBLIC")
     op.execute(
         f"CREATE TRIGGER {n['trigger']} BEFORE INSERT ON {n['outbox']} "

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from alembic import op
 
-from outbox_migrations.names import outbox_tables, registry_lock_class
+from outbox_migrations.names import outbox_tables
+from outbox_migrations.topic_registry import check_function_sql
 
 revision = "outbox_0006"
 down_revision = "outbox_0005"
@@ -30,47 +31,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    tables = outbox_tables()
-    registry = tables.qualified_topic_registry
-    key = "pg_catalog.translate(NEW.aggregatetype, '.', '_')"
     # CREATE OR REPLACE keeps the owner, SECURITY DEFINER is restated, and the grants
     # (none for PUBLIC, outbox_0005) stay.
-    op.execute(
-        f"""
-        CREATE OR REPLACE FUNCTION {tables.qualified_topic_check_function}() RETURNS trigger
-        LANGUAGE plpgsql SECURITY DEFINER AS $fn$
-        DECLARE
-            other pg_catalog.text;
-        BEGIN
-            PERFORM 1 FROM {registry}
-                WHERE aggregatetype OPERATOR(pg_catalog.=) NEW.aggregatetype;
-            IF FOUND THEN
-                RETURN NEW;
-            END IF;
-            -- A new type. If another open transaction registers the same key right now, do
-            -- not wait for it (a long transaction would stall every writer of the type):
-            -- let the row through; the type is registered by one of them.
-            IF NOT pg_catalog.pg_try_advisory_xact_lock(
-                {registry_lock_class(tables)}, pg_catalog.hashtext({key})
-            ) THEN
-                RETURN NEW;
-            END IF;
-            INSERT INTO {registry} VALUES (NEW.aggregatetype, {key}) ON CONFLICT DO NOTHING;
-            SELECT aggregatetype INTO other FROM {registry}
-                WHERE collision_key OPERATOR(pg_catalog.=) {key};
-            -- (NULL: registered by a transaction this snapshot cannot see: let it through)
-            IF other IS NOT NULL AND other OPERATOR(pg_catalog.<>) NEW.aggregatetype THEN
-                RAISE EXCEPTION 'aggregate type % collides with aggregate type %',
-                    NEW.aggregatetype, other
-                    USING ERRCODE = 'check_violation',
-                    HINT = 'Kafka treats "." and "_" alike in topic names: use the existing '
-                           'aggregate type, or a name that differs otherwise';
-            END IF;
-            RETURN NEW;
-        END
-        $fn$
-        """
-    )
+    op.execute(check_function_sql(outbox_tables()))
 
 
 def downgrade() -> None:
