@@ -128,8 +128,8 @@ def publish_events(
     except Exception as error:
         if is_row_security_refusal(error, statements.tables.dedup):
             # PostgreSQL checks a conflicting key's row against row-level security before
-            # the ON CONFLICT condition (since the 2026 minor releases: 15.20, ...); before
-            # that, a live key of another role was skipped silently (handled below).
+            # the ON CONFLICT condition (seen on 15.20: a back-patched fix); earlier minor
+            # releases (15.18) skipped another role's live key silently (handled below).
             live = [row.dedup_key for row in rows if row.dedup_key is not None]
             raise DedupKeyUnavailableError(_held_elsewhere(", ".join(map(repr, live)))) from error
         raise
