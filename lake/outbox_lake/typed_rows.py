@@ -147,7 +147,6 @@ def _keep_storable(plan: TypedPlan, events: list[dict[str, Any]]) -> None:
         return
     except (pa.ArrowException, ValueError, TypeError, OverflowError):
         pass
-    plan.built = None
     accepted = [event for event in events if not any(event is r for r, _ in plan.rejected)]
     rows = []
     for event, row in zip(accepted, plan.rows, strict=True):
