@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox_lake.delta_sink import DeltaSink
-from outbox_lake.kafka_source import OutboxKafkaSource
+from outbox_lake.kafka_source import OutboxKafkaSource, positions_of
 from outbox_lake.metrics import LakeMetrics
 from outbox_lake.settings import LakeSettings
 
@@ -179,7 +179,7 @@ class _Lag:
         for source in progress["sources"]:
             offsets = source.get("endOffset") or {}
             offsets = json.loads(offsets) if isinstance(offsets, str) else offsets
-            for topic, parts in offsets.items():
+            for topic, parts in positions_of(offsets).items():
                 for partition, offset in parts.items():
                     at[TopicPartition(topic, int(partition))] = int(offset)
         if not at:

@@ -18,7 +18,13 @@ gives the same columns, so on a cluster that has the jar, ``format("kafka")`` ca
   and recreated, or truncated), and a range whose records are gone when a batch is read (or
   replayed after a restart) are each *data loss*: the query stops with an error that names
   topic, partition and offsets and says what to do, unless ``failOnDataLoss`` is ``false``
-  (then it goes on from the earliest offset there is, and logs how many it skipped).
+  (then it goes on from the earliest offset there is, and logs how many it skipped);
+- the topics' identity: the offsets also record each topic's Kafka topic id (``@topic_ids``,
+  from the metadata of brokers that have them: Kafka 2.8+, Tansu), so a topic that was deleted
+  and recreated, or a checkpoint that meets another broker (a new one, a restored one), is
+  data loss too, even where the new topic holds as many records as the lake had read: offsets
+  of another log would otherwise skip its first records silently. A checkpoint written before
+  ids were recorded adopts the ids it first sees.
 
 Options: ``bootstrapServers``, ``pattern``, ``maxRecordsPerBatch``, ``maxBytesPerBatch``,
 ``failOnDataLoss``, ``endOffsets`` (``scan``, the default: find each partition's end by
@@ -47,7 +53,7 @@ from outbox_lake.records import (
     raw_record_batch,
 )
 
-__all__ = ["DataLossError", "OutboxKafkaSource"]
+__all__ = ["TOPIC_IDS", "DataLossError", "OutboxKafkaSource", "positions_of"]
 
 log = logging.getLogger("outbox.lake.source")
 
@@ -57,12 +63,31 @@ _PROBE_SECONDS = 5.0
 _ARROW_CHUNK = 5000
 
 Offsets = dict[str, dict[str, int]]
-"""{topic: {partition (as text): next offset to read}}"""
+"""{topic: {partition (as text): next offset to read}}, and under :data:`TOPIC_IDS` the
+{topic: Kafka topic id} of the topics those offsets belong to."""
+
+TOPIC_IDS = "@topic_ids"
+"""The offsets' key of the topics' ids: '@' cannot be in a Kafka topic name."""
 
 
-def _loss_message(topic: str, partition: int, what: str) -> str:
+def positions_of(offsets: dict[str, Any]) -> Offsets:
+    """The offsets' {topic: {partition: offset}}, without the topics' ids."""
+    return {topic: parts for topic, parts in offsets.items() if topic != TOPIC_IDS}
+
+
+def _topic_id(client: Any, topic: str) -> str | None:
+    """The topic's id in the consumer's latest metadata; None where the broker has none."""
+    cluster = getattr(client, "_cluster", None)
+    topic_id = cluster.topic_id(topic) if cluster is not None else None
+    if topic_id is None or not getattr(topic_id, "int", 1):  # the all-zero id: unknown
+        return None
+    return str(topic_id)
+
+
+def _loss_message(topic: str, partition: int | None, what: str) -> str:
+    where = topic if partition is None else f"{topic}[{partition}]"
     return (
-        f"{topic}[{partition}]: {what}. The lake cannot have those records: to go on without "
+        f"{where}: {what}. The lake cannot have those records: to go on without "
         "them, restart once with OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false (it reads from the "
         "earliest offset there is and logs what it skipped; events already in the lake are "
         "not duplicated); to recover them, re-publish the events from their source (see "
@@ -164,6 +189,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
             raise ValueError(f"endOffsets={end_offsets!r}: use 'scan' or 'broker'")
         self.end_offsets = end_offsets
         self._client: Any = None
+        self._ids_now: dict[str, str] | None = None  # {topic: id} as of the last _bounds
 
     # -- offsets (on the driver) -------------------------------------------------------------
 
@@ -177,6 +203,8 @@ class _KafkaStreamReader(DataSourceStreamReader):
 
         client = self._kafka()
         topics = [topic for topic in client.topics() if self.pattern.search(topic)]
+        ids = {topic: _topic_id(client, topic) for topic in topics}
+        self._ids_now = {topic: topic_id for topic, topic_id in ids.items() if topic_id}
         partitions = [
             TopicPartition(topic, number)
             for topic in sorted(topics)
@@ -194,7 +222,8 @@ class _KafkaStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         beginnings, ends = self._bounds()
-        current: Offsets = {topic: dict(parts) for topic, parts in start.items()}
+        current: Offsets = {topic: dict(parts) for topic, parts in positions_of(start).items()}
+        ids = self._same_topics(dict(start.get(TOPIC_IDS) or {}), current, beginnings)
         positions: dict[Any, int] = {}
         for tp in ends:
             at = current.get(tp.topic, {}).get(str(tp.partition), 0)
@@ -229,7 +258,43 @@ class _KafkaStreamReader(DataSourceStreamReader):
             if share is not None:
                 end = min(end, positions[tp] + share)
             current[tp.topic][str(tp.partition)] = end
-        return current
+        offsets: dict[str, Any] = dict(current)
+        if ids:
+            offsets[TOPIC_IDS] = ids
+        return offsets
+
+    def _same_topics(
+        self, known: dict[str, str], current: Offsets, beginnings: dict[Any, int]
+    ) -> dict[str, str]:
+        """The topics' ids to record: those the checkpoint knows, and the broker's now.
+
+        A topic whose id differs from the one recorded is another log than the one the
+        offsets were read from: data loss (or, failOnDataLoss=false, its offsets start again
+        at the new topic's earliest ones)."""
+        ids = dict(known)
+        for topic, now in (self._ids_now or {}).items():
+            before = known.get(topic)
+            if before is not None and before != now and topic in current:
+                self._lost_topic(topic, before, now)
+                firsts = {tp: first for tp, first in beginnings.items() if tp.topic == topic}
+                current[topic] = {str(tp.partition): first for tp, first in firsts.items()}
+            ids[topic] = now
+        return ids
+
+    def _lost_topic(self, topic: str, before: str, now: str) -> None:
+        what = (
+            f"the topic on the broker is not the one the lake has read (its topic id is {now}, "
+            f"the lake's checkpoint recorded {before}): it was deleted and recreated, or the "
+            "broker was replaced (a new or a restored broker) under the lake's checkpoint, so "
+            "the checkpoint's offsets point into another log"
+        )
+        if self.fail_on_data_loss:
+            raise DataLossError(_loss_message(topic, None, what))
+        log.warning(
+            "%s: %s; reading the new topic from its earliest offsets (failOnDataLoss=false)",
+            topic,
+            what,
+        )
 
     def _lost(self, tp: Any, what: str, *, resume_at: int, skipped: int | None) -> int:
         """Stop with :class:`DataLossError`, or (failOnDataLoss=false) log and resume."""
@@ -321,8 +386,21 @@ class _KafkaStreamReader(DataSourceStreamReader):
         return _has_record(self.bootstrap_servers, tp, offset)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        start_ids, end_ids = start.get(TOPIC_IDS) or {}, end.get(TOPIC_IDS) or {}
+        if self._ids_now is None and end_ids:
+            self._bounds()  # a batch replayed after a restart: are its topics still there?
         ranges: list[InputPartition] = []
-        for topic, parts in end.items():
+        for topic, parts in positions_of(end).items():
+            planned, now = end_ids.get(topic), (self._ids_now or {}).get(topic)
+            replaced = False
+            if planned is not None and now is not None and planned != now:
+                # recreated since the batch was planned (a replay after a restart)
+                self._lost_topic(topic, str(planned), now)
+                replaced = True
+            if replaced or start_ids.get(topic, planned) != planned:
+                # failOnDataLoss=false, and the topic is another log than the batch's start
+                # offsets were read from: read this one from its start (the sink dedups).
+                start = {**start, topic: {}}
             for number, stop in parts.items():
                 begin = start.get(topic, {}).get(number, 0)
                 if stop < begin:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 import uuid
@@ -91,6 +92,7 @@ class DemoPipeline:
             "lake-ingest", stack_settings.root / "demo", marker=LAKE_JOB_MARKER
         )
         self.since: float | None = None
+        self._log_offset = 0
         self._engine: Engine | None = None
 
     @property
@@ -145,6 +147,7 @@ class DemoPipeline:
         self.ingest.home.mkdir(parents=True, exist_ok=True)
         log_file = self.ingest.log_file
         offset = log_file.stat().st_size if log_file.exists() else 0
+        self._log_offset = offset  # this run's part of the log starts there
         self.ingest.start([sys.executable, "-m", "outbox_stack.demo", LAKE_JOB_MARKER], env=env)
         deadline = time.monotonic() + INGEST_START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
@@ -153,7 +156,7 @@ class DemoPipeline:
                 if LAKE_JOB_READY.encode() in log.read():
                     return
             if not self.ingest.is_running():
-                break
+                raise self._stopped_job_error()
             time.sleep(0.2)
         tail = "\n".join(self.ingest.tail(20))
         self.ingest.stop(timeout=30, group=True)
@@ -259,15 +262,42 @@ class DemoPipeline:
             if found >= count:
                 return
             if not self.ingest.is_running():
-                raise StackError(
-                    f"the lake's ingest job stopped; see {self.ingest.log_file}:\n"
-                    + "\n".join(self.ingest.tail(20))
-                )
+                raise self._stopped_job_error()
             time.sleep(0.5)
         raise DeliveryTimeoutError(
             f"the lake holds {found} of {count} events after "
             f"{LAKE_CATCH_UP_TIMEOUT_SECONDS:.0f} s; see {self.ingest.log_file}"
         )
+
+    def _stopped_job_error(self) -> StackError:
+        """Why the lake job stopped: its data-loss refusal, said for the demo, or its log."""
+        log_text = ""
+        if self.ingest.log_file.exists():
+            with self.ingest.log_file.open("rb") as log:
+                log.seek(self._log_offset)
+                log_text = log.read().decode(errors="replace")
+        refusals = DATA_LOSS_LINE.findall(log_text)
+        if not refusals:
+            return StackError(
+                f"the lake's ingest job stopped; see {self.ingest.log_file}:\n"
+                + "\n".join(self.ingest.tail(20))
+            )
+        refusal = f"the lake's ingest job refused to go on: {refusals[-1]}"
+        if TOPIC_REPLACED in refusals[-1]:
+            refusal = (
+                f"the lake in {self.lake_settings.root} was filled from another broker than "
+                "this stack's (the stack was destroyed, or its broker replaced, since): delete "
+                "that folder to start the demo's lake afresh, or keep its events and run the "
+                "demo once with OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false. The lake job said: "
+                f"{refusals[-1]}"
+            )
+        return StackError(f"{refusal} (its log: {self.ingest.log_file})")
+
+
+# The lake job's refusal in its log (a traceback's last line), and the words of the
+# refusal for a topic that is another log than the checkpoint's (kafka_source._lost_topic).
+DATA_LOSS_LINE = re.compile(r"DataLossError: (.+)")
+TOPIC_REPLACED = "the topic on the broker is not the one the lake has read"
 
 
 def run_lake_job() -> None:

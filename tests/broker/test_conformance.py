@@ -215,6 +215,37 @@ def test_topics_are_created_on_first_produce_and_explicitly_as_asked(
         reader.close()
 
 
+def test_metadata_gives_each_topic_an_id_and_a_recreated_topic_a_new_one(
+    broker_under_test: BrokerUnderTest,
+) -> None:
+    """The lake records each topic's id beside its offsets: a topic recreated and refilled
+    past where the lake stood, or a broker replaced under its checkpoint, is told apart from
+    the log the lake read only by its id (Kafka 2.8+, KIP-516). Without ids that stays silent
+    (docs/operations.md, 'Data loss')."""
+    from outbox_lake.kafka_source import _consumer, _topic_id
+
+    topic = new_topic()
+    create(broker_under_test, topic, 1)
+    reader = _consumer(broker_under_test.bootstrap_servers)  # the lake's own consumer
+    admin = KafkaAdminClient(bootstrap_servers=broker_under_test.bootstrap_servers.split(","))
+    try:
+        assert topic in reader.topics()
+        first = _topic_id(reader, topic)
+        assert first is not None, f"{broker_under_test.name} gives topics no id in its metadata"
+        admin.delete_topics([topic])
+        deadline = time.monotonic() + 30
+        while topic in admin.list_topics():
+            assert time.monotonic() < deadline, f"{topic} still listed 30 s after its deletion"
+            time.sleep(0.2)
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        assert topic in reader.topics()
+        second = _topic_id(reader, topic)
+        assert second is not None and second != first, (first, second)
+    finally:
+        admin.close()
+        reader.close()
+
+
 def test_reading_to_the_end_finds_every_record_and_end_offsets_never_overcount(
     broker_under_test: BrokerUnderTest, producer: KafkaProducer
 ) -> None:

@@ -68,6 +68,18 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         assert not re.search(r"\bWARN|log4j|Exception", console), "services write to files only"
         assert "outbox lake query" in result.stdout and "outbox stack down" in result.stdout
         assert not _lake_jobs_of(folder), "the demo stopped its lake job"
+
+        # The stack destroyed, the lake kept: the new broker's topics are other logs than the
+        # lake's checkpoint read. The demo refuses, saying what to do, instead of taking the
+        # new topics' first records as read (its warm-up event would never arrive).
+        destroyed = run_outbox("stack", "destroy", "--yes", env=env, timeout=120)
+        assert destroyed.returncode == 0, destroyed.stderr[-2000:]
+        again = run_outbox("demo", "--orders", "5", env=env, timeout=300)
+        assert again.returncode != 0
+        refusal = " ".join((again.stdout + again.stderr).split())
+        assert "was filled from another broker than this stack's" in refusal, refusal[-2000:]
+        assert "OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false" in refusal
+        assert not _lake_jobs_of(folder), "the refused lake job is not left running"
     finally:
         LocalStack(settings).down()
         PostgresCluster(settings).destroy()

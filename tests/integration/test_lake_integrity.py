@@ -378,9 +378,13 @@ def test_typed_tables_of_types_with_alike_names_never_share_or_drop_rows(
     assert len(rows(root, "events")) == len(records)
 
 
+@pytest.mark.parametrize("new_records", [3, 15], ids=["shorter", "longer"])
 def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
-    kafka_services: KafkaServices, tmp_path: Path
+    kafka_services: KafkaServices, tmp_path: Path, new_records: int
 ) -> None:
+    """Deleted and recreated under the lake's checkpoint: refused, then (when asked) read
+    from its start. The longer new topic holds records at every offset the lake had read:
+    only its topic id tells it from the old one."""
     prefix = f"r{uuid.uuid4().hex[:8]}"
     aggregate_type = f"{prefix}order"
     topic = topic_for(aggregate_type)
@@ -398,18 +402,22 @@ def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
         admin.create_topics([NewTopic(topic, 1, 1)])
     finally:
         admin.close()
-    new = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(100, 103)]
+    new = [
+        contract_record(aggregate_type, json.dumps({"n": n})) for n in range(100, 100 + new_records)
+    ]
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in new])
 
     refused = ingest(env)
     assert refused.returncode != 0
-    assert f"{topic}[0]" in refused.stderr and "recreated" in refused.stderr
+    assert f"{topic}: the topic on the broker is not the one" in refused.stderr
+    assert "recreated" in refused.stderr
     assert "OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false" in refused.stderr
     assert len(rows(root, "events")) == 10  # nothing skipped silently
 
     ingested({**env, "OUTBOX_LAKE_FAIL_ON_DATA_LOSS": "false"})
     ids = [row["event_id"] for row in rows(root, "events")]
-    assert len(ids) == len(set(ids)) == 13
+    assert len(ids) == len(set(ids)) == 10 + new_records
+    assert {dict(r.headers)["id"].decode() for r in new} <= {str(i) for i in ids}
 
 
 # -- commit order ------------------------------------------------------------------------

@@ -10,14 +10,19 @@ from kafka import TopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from outbox import new_event_id
-from outbox_lake.kafka_source import DataLossError, _KafkaStreamReader
+from outbox_lake.kafka_source import TOPIC_IDS, DataLossError, _KafkaStreamReader
 from outbox_lake.records import event_time_of, parse_one
 
 
 class Answers(_KafkaStreamReader):
     """The reader with the broker's answers made up: (beginning, end) per partition."""
 
-    def __init__(self, bounds: dict[TopicPartition, tuple[int, int]], **options: Any) -> None:
+    def __init__(
+        self,
+        bounds: dict[TopicPartition, tuple[int, int]],
+        ids: dict[str, str] | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(
             bootstrap_servers="unused:1",
             pattern="^t",
@@ -26,8 +31,10 @@ class Answers(_KafkaStreamReader):
             end_offsets="broker",
         )
         self.answers = bounds
+        self.ids = ids or {}  # the topics' ids in the broker's metadata (none: an old broker)
 
     def _bounds(self) -> tuple[dict[Any, int], dict[Any, int]]:
+        self._ids_now = dict(self.ids)
         return (
             {tp: begin for tp, (begin, _) in self.answers.items()},
             {tp: end for tp, (_, end) in self.answers.items()},
@@ -65,6 +72,51 @@ def test_records_lost_to_retention_stop_the_query_with_a_clear_error() -> None:
 def test_lost_records_are_skipped_when_asked() -> None:
     reader = Answers({A0: (500, 900)}, fail_on_data_loss=False)
     assert reader.latestOffset({"ta": {"0": 100}}, ReadAllAvailable()) == {"ta": {"0": 900}}
+
+
+def test_the_offsets_record_each_topics_id_and_an_old_checkpoint_adopts_them() -> None:
+    reader = Answers({A0: (0, 5), B0: (0, 2)}, ids={"ta": "id-a", "tb": "id-b"})
+    assert reader.latestOffset({}, ReadAllAvailable()) == {
+        "ta": {"0": 5},
+        "tb": {"0": 2},
+        TOPIC_IDS: {"ta": "id-a", "tb": "id-b"},
+    }
+    # A checkpoint from before ids were recorded, and a topic gone from the broker since:
+    # the ids seen now are adopted; the gone topic keeps its offsets and its id.
+    start = {"ta": {"0": 3}, "tgone": {"0": 7}, TOPIC_IDS: {"tgone": "id-gone"}}
+    end = Answers({A0: (0, 5)}, ids={"ta": "id-a"}).latestOffset(start, ReadAllAvailable())
+    assert end == {"ta": {"0": 5}, "tgone": {"0": 7}, TOPIC_IDS: {"tgone": "id-gone", "ta": "id-a"}}
+
+
+def test_a_recreated_topic_as_long_as_the_old_one_is_data_loss_not_a_silent_skip() -> None:
+    # The lake read 5 records of the old topic; the new one (another id) holds 10: by
+    # offsets alone, its first 5 would be taken as read.
+    start = {"ta": {"0": 5}, TOPIC_IDS: {"ta": "id-old"}}
+    recreated = Answers({A0: (0, 10)}, ids={"ta": "id-new"})
+    with pytest.raises(DataLossError, match=r"^ta: the topic on the broker is not the one") as e:
+        recreated.latestOffset(start, ReadAllAvailable())
+    assert "id-new" in str(e.value) and "id-old" in str(e.value)
+    assert "OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false" in str(e.value)
+
+    skipping = Answers({A0: (0, 10)}, ids={"ta": "id-new"}, fail_on_data_loss=False)
+    end = skipping.latestOffset(start, ReadAllAvailable())
+    assert end == {"ta": {"0": 10}, TOPIC_IDS: {"ta": "id-new"}}
+    (whole,) = skipping.partitions(start, end)  # the new topic from its start, not from 5
+    assert (whole.start, whole.end) == (0, 10)  # type: ignore[attr-defined]
+
+
+def test_a_batch_replayed_after_its_topic_was_recreated_is_data_loss() -> None:
+    start = {"ta": {"0": 5}, TOPIC_IDS: {"ta": "id-old"}}
+    planned = {"ta": {"0": 8}, TOPIC_IDS: {"ta": "id-old"}}
+    restarted = Answers({A0: (0, 10)}, ids={"ta": "id-new"})  # no latestOffset before replay
+    with pytest.raises(DataLossError, match=r"^ta: the topic on the broker is not the one"):
+        restarted.partitions(start, planned)
+    unchanged = Answers({A0: (0, 10)}, ids={"ta": "id-old"})
+    (batch,) = unchanged.partitions(start, planned)
+    assert (batch.start, batch.end) == (5, 8)  # type: ignore[attr-defined]
+    skipping = Answers({A0: (0, 10)}, ids={"ta": "id-new"}, fail_on_data_loss=False)
+    (reread,) = skipping.partitions(start, planned)
+    assert (reread.start, reread.end) == (0, 8)  # type: ignore[attr-defined]
 
 
 def test_parse_one_sorts_records_into_events_and_quarantine() -> None:
