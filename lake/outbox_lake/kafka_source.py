@@ -21,10 +21,11 @@ gives the same columns, so on a cluster that has the jar, ``format("kafka")`` ca
   (then it goes on from the earliest offset there is, and logs how many it skipped);
 - the topics' identity: the offsets also record each topic's Kafka topic id (``@topic_ids``,
   from the metadata of brokers that have them: Kafka 2.8+, Tansu), so a topic that was deleted
-  and recreated, or a checkpoint that meets another broker (a new one, a restored one), is
-  data loss too, even where the new topic holds as many records as the lake had read: offsets
-  of another log would otherwise skip its first records silently. A checkpoint written before
-  ids were recorded adopts the ids it first sees.
+  and recreated, or a checkpoint that meets another cluster, is data loss too, even where the
+  new topic holds as many records as the lake had read: offsets of another log would
+  otherwise skip its first records silently. A checkpoint written before ids were recorded
+  adopts the ids it first sees; a broker restored from a snapshot keeps its ids (neither can
+  be told: docs/operations.md says what to do).
 
 Options: ``bootstrapServers``, ``pattern``, ``maxRecordsPerBatch``, ``maxBytesPerBatch``,
 ``failOnDataLoss``, ``endOffsets`` (``scan``, the default: find each partition's end by
@@ -190,6 +191,8 @@ class _KafkaStreamReader(DataSourceStreamReader):
         self.end_offsets = end_offsets
         self._client: Any = None
         self._ids_now: dict[str, str] | None = None  # {topic: id} as of the last _bounds
+        self._firsts_now: dict[Any, int] = {}  # earliest offsets, as of the last _bounds
+        self._no_id_told: set[str] = set()
 
     # -- offsets (on the driver) -------------------------------------------------------------
 
@@ -222,6 +225,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         beginnings, ends = self._bounds()
+        self._firsts_now = beginnings
         current: Offsets = {topic: dict(parts) for topic, parts in positions_of(start).items()}
         ids = self._same_topics(dict(start.get(TOPIC_IDS) or {}), current, beginnings)
         positions: dict[Any, int] = {}
@@ -272,14 +276,27 @@ class _KafkaStreamReader(DataSourceStreamReader):
         offsets were read from: data loss (or, failOnDataLoss=false, its offsets start again
         at the new topic's earliest ones)."""
         ids = dict(known)
-        for topic, now in (self._ids_now or {}).items():
+        now_ids = self._ids_now or {}
+        for topic, now in now_ids.items():
             before = known.get(topic)
-            if before is not None and before != now and topic in current:
+            if before is not None and before != now:
                 self._lost_topic(topic, before, now)
-                firsts = {tp: first for tp, first in beginnings.items() if tp.topic == topic}
-                current[topic] = {str(tp.partition): first for tp, first in firsts.items()}
+                current[topic] = self._firsts_of(topic)
             ids[topic] = now
+        for tp in beginnings:
+            if tp.topic not in now_ids and tp.topic not in self._no_id_told:
+                self._no_id_told.add(tp.topic)
+                log.warning(
+                    "%s: the broker gives this topic no id in its metadata (Kafka before 2.8?): "
+                    "a topic recreated and refilled past where the lake stands cannot be told "
+                    "from the one the lake read (docs/operations.md, 'Data loss')",
+                    tp.topic,
+                )
         return ids
+
+    def _firsts_of(self, topic: str) -> dict[str, int]:
+        """The topic's earliest offsets, as the broker last answered."""
+        return {str(tp.partition): at for tp, at in self._firsts_now.items() if tp.topic == topic}
 
     def _lost_topic(self, topic: str, before: str, now: str) -> None:
         what = (
@@ -388,7 +405,8 @@ class _KafkaStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         start_ids, end_ids = start.get(TOPIC_IDS) or {}, end.get(TOPIC_IDS) or {}
         if self._ids_now is None and end_ids:
-            self._bounds()  # a batch replayed after a restart: are its topics still there?
+            # A batch replayed after a restart: are its topics still the ones it planned?
+            self._firsts_now = self._bounds()[0]
         ranges: list[InputPartition] = []
         for topic, parts in positions_of(end).items():
             planned, now = end_ids.get(topic), (self._ids_now or {}).get(topic)
@@ -400,7 +418,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
             if replaced or start_ids.get(topic, planned) != planned:
                 # failOnDataLoss=false, and the topic is another log than the batch's start
                 # offsets were read from: read this one from its start (the sink dedups).
-                start = {**start, topic: {}}
+                start = {**start, topic: self._firsts_of(topic)}
             for number, stop in parts.items():
                 begin = start.get(topic, {}).get(number, 0)
                 if stop < begin:

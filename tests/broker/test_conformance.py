@@ -216,7 +216,7 @@ def test_topics_are_created_on_first_produce_and_explicitly_as_asked(
 
 
 def test_metadata_gives_each_topic_an_id_and_a_recreated_topic_a_new_one(
-    broker_under_test: BrokerUnderTest,
+    broker_under_test: BrokerUnderTest, producer: KafkaProducer
 ) -> None:
     """The lake records each topic's id beside its offsets: a topic recreated and refilled
     past where the lake stood, or a broker replaced under its checkpoint, is told apart from
@@ -232,6 +232,10 @@ def test_metadata_gives_each_topic_an_id_and_a_recreated_topic_a_new_one(
         assert topic in reader.topics()
         first = _topic_id(reader, topic)
         assert first is not None, f"{broker_under_test.name} gives topics no id in its metadata"
+        auto = new_topic()  # how outbox topics come to be: Debezium's or the relay's first send
+        producer.send(auto, value=b"first").get(timeout=30)
+        assert auto in reader.topics()
+        assert _topic_id(reader, auto) not in (None, first), "a topic made on first produce"
         admin.delete_topics([topic])
         deadline = time.monotonic() + 30
         while topic in admin.list_topics():

@@ -98,11 +98,15 @@ def test_a_recreated_topic_as_long_as_the_old_one_is_data_loss_not_a_silent_skip
     assert "id-new" in str(e.value) and "id-old" in str(e.value)
     assert "OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false" in str(e.value)
 
-    skipping = Answers({A0: (0, 10)}, ids={"ta": "id-new"}, fail_on_data_loss=False)
+    # Asked to go on: the new topic from its start (its earliest offset, 3: retention ran on
+    # it too), not from 5 where the old one stood.
+    skipping = Answers({A0: (3, 10)}, ids={"ta": "id-new"}, fail_on_data_loss=False)
     end = skipping.latestOffset(start, ReadAllAvailable())
     assert end == {"ta": {"0": 10}, TOPIC_IDS: {"ta": "id-new"}}
-    (whole,) = skipping.partitions(start, end)  # the new topic from its start, not from 5
-    assert (whole.start, whole.end) == (0, 10)  # type: ignore[attr-defined]
+    (whole,) = skipping.partitions(start, end)
+    assert (whole.start, whole.end) == (3, 10)  # type: ignore[attr-defined]
+    steady = skipping.latestOffset(end, ReadAllAvailable())  # the next trigger: nothing new
+    assert steady == end and skipping.partitions(end, steady) == []
 
 
 def test_a_batch_replayed_after_its_topic_was_recreated_is_data_loss() -> None:
@@ -114,9 +118,9 @@ def test_a_batch_replayed_after_its_topic_was_recreated_is_data_loss() -> None:
     unchanged = Answers({A0: (0, 10)}, ids={"ta": "id-old"})
     (batch,) = unchanged.partitions(start, planned)
     assert (batch.start, batch.end) == (5, 8)  # type: ignore[attr-defined]
-    skipping = Answers({A0: (0, 10)}, ids={"ta": "id-new"}, fail_on_data_loss=False)
+    skipping = Answers({A0: (2, 10)}, ids={"ta": "id-new"}, fail_on_data_loss=False)
     (reread,) = skipping.partitions(start, planned)
-    assert (reread.start, reread.end) == (0, 8)  # type: ignore[attr-defined]
+    assert (reread.start, reread.end) == (2, 8)  # type: ignore[attr-defined]
 
 
 def test_parse_one_sorts_records_into_events_and_quarantine() -> None:
