@@ -24,8 +24,13 @@ gives the same columns, so on a cluster that has the jar, ``format("kafka")`` ca
   and recreated, or a checkpoint that meets another cluster, is data loss too, even where the
   new topic holds as many records as the lake had read: offsets of another log would
   otherwise skip its first records silently. A checkpoint written before ids were recorded
-  adopts the ids it first sees; a broker restored from a snapshot keeps its ids (neither can
-  be told: docs/operations.md says what to do).
+  adopts the ids it first sees; a broker restored from a snapshot keeps its ids;
+- the last record read: with ``scan``, the offsets also keep a fingerprint of the record
+  before each partition's end (``@last_records``: its timestamp and a CRC-32 of its key, value
+  and headers), and the scan's first read, one record back, compares it: a record of another
+  log at that offset (a broker restored from a snapshot and refilled, a checkpoint from before
+  ids) is data loss too. A partition read again from its start after a loss that is skipped
+  says so in the batch's end offsets (``@reread``), so a replay after a restart reads the same.
 
 Options: ``bootstrapServers``, ``pattern``, ``maxRecordsPerBatch``, ``maxBytesPerBatch``,
 ``failOnDataLoss``, ``endOffsets`` (``scan``, the default: find each partition's end by
@@ -39,6 +44,7 @@ import contextlib
 import logging
 import re
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,7 +60,14 @@ from outbox_lake.records import (
     raw_record_batch,
 )
 
-__all__ = ["TOPIC_IDS", "DataLossError", "OutboxKafkaSource", "positions_of"]
+__all__ = [
+    "LAST_RECORDS",
+    "REREAD",
+    "TOPIC_IDS",
+    "DataLossError",
+    "OutboxKafkaSource",
+    "positions_of",
+]
 
 log = logging.getLogger("outbox.lake.source")
 
@@ -69,11 +82,25 @@ Offsets = dict[str, dict[str, int]]
 
 TOPIC_IDS = "@topic_ids"
 """The offsets' key of the topics' ids: '@' cannot be in a Kafka topic name."""
+LAST_RECORDS = "@last_records"
+"""The offsets' key of {topic: {partition: fingerprint of the record before the offset}}."""
+REREAD = "@reread"
+"""A batch's end offsets' key of {topic: {partition: offset}}: where the batch reads a
+partition from, when that is not where the last batch ended (a loss skipped: a new log)."""
 
 
 def positions_of(offsets: dict[str, Any]) -> Offsets:
-    """The offsets' {topic: {partition: offset}}, without the topics' ids."""
-    return {topic: parts for topic, parts in offsets.items() if topic != TOPIC_IDS}
+    """The offsets' {topic: {partition: offset}}, without what is kept beside them."""
+    return {topic: parts for topic, parts in offsets.items() if not topic.startswith("@")}
+
+
+def _fingerprint(record: Any) -> str:
+    """What tells a record from another one at the same offset of another log."""
+    crc = zlib.crc32(record.key or b"")
+    crc = zlib.crc32(record.value or b"", crc)
+    for name, value in record.headers:
+        crc = zlib.crc32(value or b"", zlib.crc32(name.encode(), crc))
+    return f"{record.timestamp}-{crc:08x}"
 
 
 def _topic_id(client: Any, topic: str) -> str | None:
@@ -134,6 +161,14 @@ def _consumer(bootstrap_servers: str) -> Any:
     )
 
 
+def _record_before(records: Any, end: int) -> Any:
+    """The record at offset ``end - 1`` among ``records`` (in offset order), or None."""
+    for record in reversed(records):
+        if record.offset < end:
+            return record if record.offset == end - 1 else None
+    return None
+
+
 def _record_bytes(record: Any) -> int:
     size = len(record.key or b"") + len(record.value or b"")
     return size + sum(len(name) + len(value or b"") for name, value in record.headers)
@@ -192,6 +227,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
         self._client: Any = None
         self._ids_now: dict[str, str] | None = None  # {topic: id} as of the last _bounds
         self._firsts_now: dict[Any, int] = {}  # earliest offsets, as of the last _bounds
+        self._rereads: dict[Any, int] = {}  # partitions this plan reads again from an offset
         self._no_id_told: set[str] = set()
 
     # -- offsets (on the driver) -------------------------------------------------------------
@@ -226,8 +262,12 @@ class _KafkaStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         beginnings, ends = self._bounds()
         self._firsts_now = beginnings
+        self._rereads = {}
         current: Offsets = {topic: dict(parts) for topic, parts in positions_of(start).items()}
+        lasts = {topic: dict(parts) for topic, parts in (start.get(LAST_RECORDS) or {}).items()}
         ids = self._same_topics(dict(start.get(TOPIC_IDS) or {}), current, beginnings)
+        for topic in {tp.topic for tp in self._rereads}:
+            lasts.pop(topic, None)  # another log: its last records are not the lake's
         positions: dict[Any, int] = {}
         for tp in ends:
             at = current.get(tp.topic, {}).get(str(tp.partition), 0)
@@ -251,10 +291,11 @@ class _KafkaStreamReader(DataSourceStreamReader):
             positions[tp] = at
             current.setdefault(tp.topic, {})[str(tp.partition)] = at
         budget = None if isinstance(limit, ReadAllAvailable) else limit.max_rows  # type: ignore[attr-defined]
+        read: dict[Any, list[Any]] = {}
         if self.end_offsets == "broker":
             found = {tp: end for tp, end in ends.items() if end > positions[tp]}
         else:
-            found = self._scan(positions, beginnings, budget)
+            found = self._scan(positions, beginnings, budget, lasts, read)
             for tp, at in positions.items():  # a probe may have moved one (data loss skipped)
                 current[tp.topic][str(tp.partition)] = at
         share = None if budget is None else max(1, budget // max(1, len(found)))
@@ -262,9 +303,24 @@ class _KafkaStreamReader(DataSourceStreamReader):
             if share is not None:
                 end = min(end, positions[tp] + share)
             current[tp.topic][str(tp.partition)] = end
+            last = _record_before(read.get(tp, ()), end)
+            if last is not None:
+                lasts.setdefault(tp.topic, {})[str(tp.partition)] = _fingerprint(last)
+            else:
+                lasts.get(tp.topic, {}).pop(str(tp.partition), None)
+        for tp in self._rereads:
+            if tp not in found:  # read again from an offset, and nothing there yet
+                lasts.get(tp.topic, {}).pop(str(tp.partition), None)
         offsets: dict[str, Any] = dict(current)
         if ids:
             offsets[TOPIC_IDS] = ids
+        if any(lasts.values()):
+            offsets[LAST_RECORDS] = {topic: parts for topic, parts in lasts.items() if parts}
+        if self._rereads:
+            rereads: Offsets = {}
+            for tp, at in self._rereads.items():
+                rereads.setdefault(tp.topic, {})[str(tp.partition)] = at
+            offsets[REREAD] = rereads
         return offsets
 
     def _same_topics(
@@ -282,6 +338,9 @@ class _KafkaStreamReader(DataSourceStreamReader):
             if before is not None and before != now:
                 self._lost_topic(topic, before, now)
                 current[topic] = self._firsts_of(topic)
+                for tp, first in self._firsts_now.items():
+                    if tp.topic == topic:
+                        self._rereads[tp] = first
             ids[topic] = now
         for tp in beginnings:
             if tp.topic not in now_ids and tp.topic not in self._no_id_told:
@@ -328,7 +387,12 @@ class _KafkaStreamReader(DataSourceStreamReader):
         return resume_at
 
     def _scan(
-        self, positions: dict[Any, int], beginnings: dict[Any, int], budget: int | None
+        self,
+        positions: dict[Any, int],
+        beginnings: dict[Any, int],
+        budget: int | None,
+        lasts: dict[str, dict[str, str]] | None = None,
+        read: dict[Any, list[Any]] | None = None,
     ) -> dict[Any, int]:
         """The end of each partition, found by reading from where the query stands.
 
@@ -337,7 +401,10 @@ class _KafkaStreamReader(DataSourceStreamReader):
         ``budget`` records and about ``max_bytes`` bytes are read (admission control), each
         again later by ``read``. Reading starts one record back: that record, which the lake
         has read, must still be there; when it is not, the partition was truncated or the
-        topic recreated under the query (positions in ``positions`` are updated then).
+        topic recreated under the query (positions in ``positions`` are updated then); when
+        ``lasts`` has its fingerprint, it must be the same record. The records read go to
+        ``read`` (per partition, in offset order): all of them under a ``budget``, else only
+        the last (the end is then where the records stop).
         """
         if not positions:
             return {}
@@ -370,6 +437,12 @@ class _KafkaStreamReader(DataSourceStreamReader):
                     if records[0].offset > probe:
                         self._probe_again(client, tp, probe, positions)
                         continue
+                    known = (lasts or {}).get(tp.topic, {}).get(str(tp.partition))
+                    first = records[0]
+                    if known and first.offset == probe and _fingerprint(first) != known:
+                        self._another_record(client, tp, probe, positions)
+                        continue
+                kept = None if read is None else read.setdefault(tp, [])
                 for record in records:
                     if record.offset < positions[tp] or tp in full:
                         continue
@@ -379,7 +452,27 @@ class _KafkaStreamReader(DataSourceStreamReader):
                     size += _record_bytes(record)
                     seen += 1
                     found[tp] = record.offset + 1
+                    if kept is not None:
+                        if budget is None:
+                            kept[:] = [record]
+                        else:
+                            kept.append(record)
         return found
+
+    def _another_record(self, client: Any, tp: Any, probe: int, positions: dict[Any, int]) -> None:
+        """The record at ``probe`` is not the one the lake read there: another log."""
+        first = client.beginning_offsets([tp]).get(tp, 0)
+        positions[tp] = self._lost(
+            tp,
+            f"the record at offset {probe} is not the one the lake read there (another "
+            "timestamp or content): the partition is another log than the one the lake's "
+            "checkpoint read (a broker restored from a snapshot, or the topic recreated) and "
+            "the checkpoint's offsets point into it",
+            resume_at=first,
+            skipped=None,
+        )
+        self._rereads[tp] = positions[tp]
+        client.seek(tp, positions[tp])
 
     def _probe_again(self, client: Any, tp: Any, probe: int, positions: dict[Any, int]) -> None:
         """Read the record at ``probe`` alone, patiently, with a consumer of its own: gone
@@ -390,7 +483,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
         if not self._record_exists(tp, probe):
             first = client.beginning_offsets([tp]).get(tp, 0)
             if first <= probe:  # not retention: the record the lake read is not there
-                positions[tp] = self._lost(
+                self._rereads[tp] = positions[tp] = self._lost(
                     tp,
                     f"offset {probe}, which the lake read, is gone though the partition starts "
                     f"at {first}: the topic was deleted and recreated, or truncated",
@@ -407,6 +500,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
         if self._ids_now is None and end_ids:
             # A batch replayed after a restart: are its topics still the ones it planned?
             self._firsts_now = self._bounds()[0]
+        rereads: Offsets = end.get(REREAD) or {}
         ranges: list[InputPartition] = []
         for topic, parts in positions_of(end).items():
             planned, now = end_ids.get(topic), (self._ids_now or {}).get(topic)
@@ -421,6 +515,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
                 start = {**start, topic: self._firsts_of(topic)}
             for number, stop in parts.items():
                 begin = start.get(topic, {}).get(number, 0)
+                begin = rereads.get(topic, {}).get(number, begin)  # a loss skipped: a new log
                 if stop < begin:
                     # Only after data loss that was skipped (failOnDataLoss=false): the topic
                     # was recreated or truncated below the query; read it from its start.

@@ -28,6 +28,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from outbox import Event, Outbox, new_event_id
 from outbox.core.contract import record_for, topic_for
 from outbox_lake.delta_sink import typed_table_name
+from outbox_lake.kafka_source import TOPIC_IDS
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
 from tests.fix_relay import RelayBench, wait_until
@@ -378,13 +379,18 @@ def test_typed_tables_of_types_with_alike_names_never_share_or_drop_rows(
     assert len(rows(root, "events")) == len(records)
 
 
-@pytest.mark.parametrize("new_records", [3, 15], ids=["shorter", "longer"])
+@pytest.mark.parametrize(
+    ("new_records", "checkpoint_has_ids"),
+    [(3, True), (15, True), (15, False)],
+    ids=["shorter", "longer", "longer-checkpoint-without-ids"],
+)
 def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
-    kafka_services: KafkaServices, tmp_path: Path, new_records: int
+    kafka_services: KafkaServices, tmp_path: Path, new_records: int, checkpoint_has_ids: bool
 ) -> None:
     """Deleted and recreated under the lake's checkpoint: refused, then (when asked) read
     from its start. The longer new topic holds records at every offset the lake had read:
-    only its topic id tells it from the old one."""
+    its topic id tells it from the old one or, for a checkpoint written before ids were
+    recorded, the record before where the lake stands (its fingerprint)."""
     prefix = f"r{uuid.uuid4().hex[:8]}"
     aggregate_type = f"{prefix}order"
     topic = topic_for(aggregate_type)
@@ -397,6 +403,8 @@ def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
         root = tmp_path / "lake"
         env = env_for(root, prefix, bootstrap)
         ingested(env)
+        if not checkpoint_has_ids:
+            forget_topic_ids(root)
         admin.delete_topics([topic])
         wait_until(lambda: topic not in admin.list_topics(), timeout=30, what="topic deleted")
         admin.create_topics([NewTopic(topic, 1, 1)])
@@ -409,7 +417,10 @@ def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
 
     refused = ingest(env)
     assert refused.returncode != 0
-    assert f"{topic}: the topic on the broker is not the one" in refused.stderr
+    if checkpoint_has_ids:
+        assert f"{topic}: the topic on the broker is not the one" in refused.stderr
+    else:
+        assert f"{topic}[0]: the record at offset 9 is not the one" in refused.stderr
     assert "recreated" in refused.stderr
     assert "OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false" in refused.stderr
     assert len(rows(root, "events")) == 10  # nothing skipped silently
@@ -418,6 +429,17 @@ def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
     ids = [row["event_id"] for row in rows(root, "events")]
     assert len(ids) == len(set(ids)) == 10 + new_records
     assert {dict(r.headers)["id"].decode() for r in new} <= {str(i) for i in ids}
+
+
+def forget_topic_ids(root: Path) -> None:
+    """Make the checkpoint's last offsets those of a release that kept no topic ids."""
+    offsets = root / "_checkpoints" / "outbox-lake-ingest" / "offsets"
+    last = max((f for f in offsets.iterdir() if f.name.isdigit()), key=lambda f: int(f.name))
+    *head, source = last.read_text().splitlines()
+    kept = json.loads(source)
+    assert kept.pop(TOPIC_IDS), "the checkpoint recorded the topic's id"
+    last.write_text("\n".join([*head, json.dumps(kept)]))
+    (offsets / f".{last.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the old text
 
 
 # -- commit order ------------------------------------------------------------------------

@@ -10,7 +10,14 @@ from kafka import TopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from outbox import new_event_id
-from outbox_lake.kafka_source import TOPIC_IDS, DataLossError, _KafkaStreamReader
+from outbox_lake.kafka_source import (
+    LAST_RECORDS,
+    REREAD,
+    TOPIC_IDS,
+    DataLossError,
+    _KafkaStreamReader,
+    positions_of,
+)
 from outbox_lake.records import event_time_of, parse_one
 
 
@@ -102,11 +109,14 @@ def test_a_recreated_topic_as_long_as_the_old_one_is_data_loss_not_a_silent_skip
     # it too), not from 5 where the old one stood.
     skipping = Answers({A0: (3, 10)}, ids={"ta": "id-new"}, fail_on_data_loss=False)
     end = skipping.latestOffset(start, ReadAllAvailable())
-    assert end == {"ta": {"0": 10}, TOPIC_IDS: {"ta": "id-new"}}
+    assert end == {"ta": {"0": 10}, TOPIC_IDS: {"ta": "id-new"}, REREAD: {"ta": {"0": 3}}}
     (whole,) = skipping.partitions(start, end)
     assert (whole.start, whole.end) == (3, 10)  # type: ignore[attr-defined]
+    (replayed,) = Answers({A0: (3, 10)}, ids={"ta": "id-new"}).partitions(start, end)
+    assert (replayed.start, replayed.end) == (3, 10)  # type: ignore[attr-defined]
     steady = skipping.latestOffset(end, ReadAllAvailable())  # the next trigger: nothing new
-    assert steady == end and skipping.partitions(end, steady) == []
+    assert steady == {"ta": {"0": 10}, TOPIC_IDS: {"ta": "id-new"}}
+    assert skipping.partitions(end, steady) == []
 
 
 def test_a_batch_replayed_after_its_topic_was_recreated_is_data_loss() -> None:
@@ -141,17 +151,27 @@ def test_parse_one_sorts_records_into_events_and_quarantine() -> None:
 
 
 class Record:
-    def __init__(self, topic: str, partition: int, offset: int, size: int = 10) -> None:
+    def __init__(
+        self, topic: str, partition: int, offset: int, size: int = 10, tag: bytes = b""
+    ) -> None:
         self.topic, self.partition, self.offset = topic, partition, offset
-        self.key, self.value, self.headers, self.timestamp = b"k", b"v" * size, [], 0
+        self.key, self.headers, self.timestamp = b"k", [], 0
+        self.value = tag + str(offset).encode() + b"v" * size  # each record its own content
 
 
 class FakeLog:
     """A broker's log as a consumer sees it: offsets present per partition, and what
     fetching an offset outside them does (empty, as Tansu; or out of range, as Kafka)."""
 
-    def __init__(self, logs: dict[Any, list[int]], *, out_of_range: bool = False, size: int = 10):
-        self.logs, self.out_of_range, self.size = logs, out_of_range, size
+    def __init__(
+        self,
+        logs: dict[Any, list[int]],
+        *,
+        out_of_range: bool = False,
+        size: int = 10,
+        tag: bytes = b"",
+    ):
+        self.logs, self.out_of_range, self.size, self.tag = logs, out_of_range, size, tag
         self.at: dict[Any, int] = {}
         self.paused: set[Any] = set()
 
@@ -187,7 +207,9 @@ class FakeLog:
             if not offsets and self.out_of_range and self.logs[tp] and at > max(self.logs[tp]) + 1:
                 raise OffsetOutOfRangeError({tp: at})
             if offsets:
-                answer[tp] = [Record(tp.topic, tp.partition, o, self.size) for o in offsets]
+                answer[tp] = [
+                    Record(tp.topic, tp.partition, o, self.size, self.tag) for o in offsets
+                ]
                 self.at[tp] = offsets[-1] + 1
         return answer
 
@@ -223,9 +245,8 @@ def test_the_byte_budget_bounds_a_batch_but_every_partition_moves() -> None:
     admitted = end["ta"]["0"] + end["ta"]["1"]
     assert 2 <= admitted <= 12, end  # about 10 records of ~1 kB, at least one per partition
     huge = FakeLog({A0: list(range(5))}, size=5_000_000)
-    assert scanning_reader(huge, max_bytes=2**20).latestOffset({}, ReadMaxRows(9)) == {
-        "ta": {"0": 1}
-    }
+    end = scanning_reader(huge, max_bytes=2**20).latestOffset({}, ReadMaxRows(9))
+    assert positions_of(end) == {"ta": {"0": 1}}
 
 
 def test_a_recreated_topic_that_is_shorter_is_detected_by_the_scan() -> None:
@@ -234,11 +255,45 @@ def test_a_recreated_topic_that_is_shorter_is_detected_by_the_scan() -> None:
         scanning_reader(log).latestOffset({"ta": {"0": 10}}, ReadMaxRows(100))
     skipping = scanning_reader(FakeLog({A0: [0, 1, 2]}), fail_on_data_loss=False)
     end = skipping.latestOffset({"ta": {"0": 10}}, ReadMaxRows(100))
-    assert end == {"ta": {"0": 3}}
+    assert positions_of(end) == {"ta": {"0": 3}} and end[REREAD] == {"ta": {"0": 0}}
     (recreated,) = skipping.partitions({"ta": {"0": 10}}, end)  # the new topic, from its start
     assert (recreated.start, recreated.end) == (0, 3)  # type: ignore[attr-defined]
     steady = scanning_reader(FakeLog({A0: list(range(12))}))
-    assert steady.latestOffset({"ta": {"0": 10}}, ReadMaxRows(100)) == {"ta": {"0": 12}}
+    assert positions_of(steady.latestOffset({"ta": {"0": 10}}, ReadMaxRows(100))) == {
+        "ta": {"0": 12}
+    }
+
+
+def test_a_refilled_log_whose_record_before_the_lake_differs_is_data_loss() -> None:
+    # The lake read offsets 0-9 of one log and kept the fingerprint of offset 9. The log it
+    # meets now (a broker restored from a snapshot and refilled, a checkpoint from before
+    # topic ids) has records at 0-14, of other content: by offsets alone, 0-9 would pass.
+    old = FakeLog({A0: list(range(10))}, tag=b"old")
+    first = scanning_reader(old).latestOffset({}, ReadMaxRows(100))
+    assert positions_of(first) == {"ta": {"0": 10}} and "0" in first[LAST_RECORDS]["ta"]
+    same = FakeLog({A0: list(range(15))}, tag=b"old")  # the same log, grown
+    assert positions_of(scanning_reader(same).latestOffset(first, ReadMaxRows(100))) == {
+        "ta": {"0": 15}
+    }
+    refilled = FakeLog({A0: list(range(15))}, tag=b"new")
+    with pytest.raises(DataLossError, match=r"ta\[0\]: the record at offset 9 is not the one"):
+        scanning_reader(refilled).latestOffset(first, ReadMaxRows(100))
+    skipping = scanning_reader(FakeLog({A0: list(range(15))}, tag=b"new"), fail_on_data_loss=False)
+    end = skipping.latestOffset(first, ReadMaxRows(100))
+    assert positions_of(end) == {"ta": {"0": 15}} and end[REREAD] == {"ta": {"0": 0}}
+    (whole,) = skipping.partitions(first, end)  # the new log from its start, not from 10
+    assert (whole.start, whole.end) == (0, 15)  # type: ignore[attr-defined]
+    assert end[LAST_RECORDS] != first[LAST_RECORDS]  # the new log's record at 14
+
+
+def test_the_fingerprint_kept_is_of_the_record_before_the_end_the_budget_allows() -> None:
+    log = FakeLog({A0: list(range(100)), A1: list(range(100))})
+    reader = scanning_reader(log)
+    end = reader.latestOffset({}, ReadMaxRows(20))  # 10 a partition
+    assert positions_of(end) == {"ta": {"0": 10, "1": 10}}
+    grown = FakeLog({A0: list(range(100)), A1: list(range(100))})
+    follow = scanning_reader(grown).latestOffset(end, ReadMaxRows(20))  # probes 9 and 9
+    assert positions_of(follow) == {"ta": {"0": 20, "1": 20}}
 
 
 def read_all(reader: _KafkaStreamReader, log: FakeLog, start: int, end: int) -> list[int]:
