@@ -296,6 +296,38 @@ def test_the_fingerprint_kept_is_of_the_record_before_the_end_the_budget_allows(
     assert positions_of(follow) == {"ta": {"0": 20, "1": 20}}
 
 
+class GrowingLog(FakeLog):
+    """A log written to while it is read: each poll finds ``per_poll`` new records."""
+
+    def __init__(self, logs: dict[Any, list[int]], per_poll: int) -> None:
+        super().__init__(logs)
+        self.per_poll = per_poll
+
+    def poll(self, timeout_ms: int = 0, max_records: int = 5000) -> dict[Any, list[Record]]:
+        answer = super().poll(timeout_ms, max_records)
+        for offsets in self.logs.values():
+            offsets.extend(range(offsets[-1] + 1, offsets[-1] + 1 + self.per_poll))
+        return answer
+
+
+def test_the_scan_takes_the_backlog_and_leaves_the_tail_written_meanwhile() -> None:
+    # 3,000 records wait; 5 more arrive at every poll. Chasing them would run the scan until
+    # the budget (20,000 records, 3,400 polls); the tail is the next trigger's.
+    log = GrowingLog({A0: list(range(3000))}, per_poll=5)
+    end = scanning_reader(log).latestOffset({}, ReadMaxRows(20_000))
+    assert 3000 <= positions_of(end)["ta"]["0"] <= 3010, end
+    # A backlog bigger than a poll's 5,000 records is read poll after poll, up to the budget.
+    big = GrowingLog({A0: list(range(12_000))}, per_poll=5)
+    assert positions_of(scanning_reader(big).latestOffset({}, ReadMaxRows(20_000)))["ta"][
+        "0"
+    ] in range(12_000, 12_021)
+    # Without a budget (Trigger.AvailableNow) the scan reads to where the records stop.
+    settled = FakeLog({A0: list(range(3000))})
+    assert positions_of(scanning_reader(settled).latestOffset({}, ReadAllAvailable())) == {
+        "ta": {"0": 3000}
+    }
+
+
 def read_all(reader: _KafkaStreamReader, log: FakeLog, start: int, end: int) -> list[int]:
     import outbox_lake.kafka_source as source
 
