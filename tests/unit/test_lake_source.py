@@ -230,6 +230,7 @@ def scanning_reader(log: FakeLog, **options: Any) -> _KafkaStreamReader:
     )
     reader._client = log
     reader.probe_seconds = 0.2
+    reader.tail_seconds = options.pop("tail_seconds", 0.0)  # fake polls take no time
     reader._record_exists = lambda tp, offset: offset in log.logs[tp]  # type: ignore[method-assign]
     reader._bounds = lambda: (  # type: ignore[method-assign]
         log.beginning_offsets(list(log.logs)),
@@ -316,6 +317,10 @@ def test_the_scan_takes_the_backlog_and_leaves_the_tail_written_meanwhile() -> N
     log = GrowingLog({A0: list(range(3000))}, per_poll=5)
     end = scanning_reader(log).latestOffset({}, ReadMaxRows(20_000))
     assert 3000 <= positions_of(end)["ta"]["0"] <= 3010, end
+    # Given time to follow the tail (the fake's polls take none), it follows it to the budget.
+    patient = GrowingLog({A0: list(range(3000))}, per_poll=5)
+    followed = scanning_reader(patient, tail_seconds=30.0).latestOffset({}, ReadMaxRows(20_000))
+    assert positions_of(followed)["ta"]["0"] >= 19_000, followed
     # A backlog bigger than a poll's 5,000 records is read poll after poll, up to the budget.
     big = GrowingLog({A0: list(range(12_000))}, per_poll=5)
     assert positions_of(scanning_reader(big).latestOffset({}, ReadMaxRows(20_000)))["ta"][
