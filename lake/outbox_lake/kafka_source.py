@@ -268,7 +268,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
         self._rereads = {}
         current: Offsets = {topic: dict(parts) for topic, parts in positions_of(start).items()}
         lasts = {topic: dict(parts) for topic, parts in (start.get(LAST_RECORDS) or {}).items()}
-        ids = self._same_topics(dict(start.get(TOPIC_IDS) or {}), current, beginnings)
+        ids = self._same_topics(dict(start.get(TOPIC_IDS) or {}), current)
         for topic in {tp.topic for tp in self._rereads}:
             lasts.pop(topic, None)  # another log: its last records are not the lake's
         positions: dict[Any, int] = {}
@@ -326,9 +326,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
             offsets[REREAD] = rereads
         return offsets
 
-    def _same_topics(
-        self, known: dict[str, str], current: Offsets, beginnings: dict[Any, int]
-    ) -> dict[str, str]:
+    def _same_topics(self, known: dict[str, str], current: Offsets) -> dict[str, str]:
         """The topics' ids to record: those the checkpoint knows, and the broker's now.
 
         A topic whose id differs from the one recorded is another log than the one the
@@ -340,12 +338,11 @@ class _KafkaStreamReader(DataSourceStreamReader):
             before = known.get(topic)
             if before is not None and before != now:
                 self._lost_topic(topic, before, now)
-                current[topic] = self._firsts_of(topic)
-                for tp, first in self._firsts_now.items():
-                    if tp.topic == topic:
-                        self._rereads[tp] = first
+                firsts = {tp: at for tp, at in self._firsts_now.items() if tp.topic == topic}
+                self._rereads.update(firsts)  # the batch reads the new topic from its start
+                current[topic] = {str(tp.partition): at for tp, at in firsts.items()}
             ids[topic] = now
-        for tp in beginnings:
+        for tp in self._firsts_now:
             if tp.topic not in now_ids and tp.topic not in self._no_id_told:
                 self._no_id_told.add(tp.topic)
                 log.warning(
@@ -513,7 +510,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
         return _has_record(self.bootstrap_servers, tp, offset)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        start_ids, end_ids = start.get(TOPIC_IDS) or {}, end.get(TOPIC_IDS) or {}
+        end_ids = end.get(TOPIC_IDS) or {}
         if self._ids_now is None and end_ids:
             # A batch replayed after a restart: are its topics still the ones it planned?
             self._firsts_now = self._bounds()[0]
@@ -521,14 +518,10 @@ class _KafkaStreamReader(DataSourceStreamReader):
         ranges: list[InputPartition] = []
         for topic, parts in positions_of(end).items():
             planned, now = end_ids.get(topic), (self._ids_now or {}).get(topic)
-            replaced = False
             if planned is not None and now is not None and planned != now:
-                # recreated since the batch was planned (a replay after a restart)
+                # Recreated since the batch was planned (a replay after a restart); asked to
+                # go on: read the new topic from its start (the sink dedups).
                 self._lost_topic(topic, str(planned), now)
-                replaced = True
-            if replaced or start_ids.get(topic, planned) != planned:
-                # failOnDataLoss=false, and the topic is another log than the batch's start
-                # offsets were read from: read this one from its start (the sink dedups).
                 start = {**start, topic: self._firsts_of(topic)}
             for number, stop in parts.items():
                 begin = start.get(topic, {}).get(number, 0)
