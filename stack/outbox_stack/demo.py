@@ -156,7 +156,9 @@ class DemoPipeline:
                 if LAKE_JOB_READY.encode() in log.read():
                     return
             if not self.ingest.is_running():
-                raise self._stopped_job_error()
+                error = self._stopped_job_error()
+                self.ingest.stop(timeout=30, group=True)  # Spark's JVM may outlive the job
+                raise error
             time.sleep(0.2)
         tail = "\n".join(self.ingest.tail(20))
         self.ingest.stop(timeout=30, group=True)

@@ -82,9 +82,27 @@ class ServiceProcess:
         """
         pid = self.pid()
         if pid is None:
+            if group:
+                self._stop_left_group(timeout)
             self.pid_file.unlink(missing_ok=True)
             return
         os.kill(pid, signal.SIGTERM)
+        self._finish_stop(pid, timeout, group=group)
+
+    def _stop_left_group(self, timeout: float) -> None:
+        """The program has ended (a crash, a refusal) but its group may live on: a Spark
+        driver's JVM outlives its Python for a while. SIGTERM to the group, then SIGKILL."""
+        try:
+            leader = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return
+        if not _group_alive(leader):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, signal.SIGTERM)
+        self._finish_stop(leader, timeout, group=True)
+
+    def _finish_stop(self, pid: int, timeout: float, *, group: bool) -> None:
         if not self._wait_gone(pid, timeout, group=group):
             with contextlib.suppress(ProcessLookupError):
                 (os.killpg if group else os.kill)(pid, signal.SIGKILL)
