@@ -36,9 +36,11 @@ def test_the_follower_dates_each_event_by_the_commit_that_added_it(tmp_path: Pat
 
 
 def test_the_cpu_meter_counts_a_busy_child_and_its_reaped_children() -> None:
-    # The parent waits for "go", runs a child that burns 0.3 s of CPU and is reaped, says
-    # "done", and idles: all of the child's CPU falls between start and stop.
-    burn = "import time\nwhile time.process_time() < 0.3: pass"
+    # The parent waits for "go", runs a child that burns 0.32 s of CPU and is reaped, says
+    # "done", and idles: all of the child's CPU falls between start and stop. The kernel
+    # counts CPU in ticks (10 ms, user and system time each rounded down): the child burns
+    # 0.32 s so that at least 0.3 s is counted (0.29 was once, for a burn of 0.3 s).
+    burn = "import time\nwhile time.process_time() < 0.32: pass"
     parent_code = (
         "import subprocess, sys, time\n"
         "sys.stdin.readline()\n"
