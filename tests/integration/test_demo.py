@@ -14,7 +14,6 @@ from outbox_stack.demo import LAKE_JOB_READY
 from outbox_stack.local import LocalStack
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
-from tests.fix_stack import free_object_store_port
 
 pytestmark = pytest.mark.timeout(480)
 
@@ -37,7 +36,7 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         "OUTBOX_STACK_DOWNLOADS": str(settings.downloads),
         "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
         "OUTBOX_STACK_BROKER_PORT": str(settings.broker_port),
-        "OUTBOX_STACK_OBJECT_STORE_PORT": str(free_object_store_port()),
+        "OUTBOX_STACK_BROKER_CONTROLLER_PORT": str(free_port()),
         "OUTBOX_STACK_CONNECT_PORT": str(settings.connect_port),
         "OUTBOX_LAKE_ROOT": str(folder / "lake"),
         "COLUMNS": "120",

@@ -22,7 +22,7 @@ from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
 from outbox_relay.health import HealthServer
 from outbox_relay.service import Relay
-from outbox_stack.broker import TansuBroker
+from outbox_stack.broker import KafkaBroker
 from outbox_stack.settings import StackSettings
 from tests.fix_postgres import ROOT, free_port
 from tests.fix_proxy import TcpProxy
@@ -139,10 +139,10 @@ def test_auto_mode_takes_over_when_cdc_never_produced(
     settings = StackSettings(
         dir=tmp_path / "stack",
         broker_port=free_port(),
-        broker_storage="memory",  # a fresh broker of its own, no object store needed
+        broker_controller_port=free_port(),  # a fresh broker of its own
         downloads=ROOT / ".cache" / "stack",
     )
-    broker = TansuBroker(settings)
+    broker = KafkaBroker(settings)
     broker.up()
     try:
         aggregate_type = f"c{uuid.uuid4().hex[:10]}"

@@ -19,12 +19,11 @@ from kafka import KafkaProducer
 
 from outbox.settings import KafkaSettings
 from outbox_stack import PostgresCluster, StackSettings
-from outbox_stack.broker import TansuBroker
+from outbox_stack.broker import KafkaBroker
 from outbox_stack.local import LocalStack
 from outbox_stack.server_home import outside_home
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
-from tests.fix_stack import free_object_store_port
 from tests.kafka_read import read_count
 
 pytestmark = pytest.mark.timeout(180)
@@ -104,7 +103,7 @@ def ports_env(settings: StackSettings) -> dict[str, str]:
     return {
         "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
         "OUTBOX_STACK_BROKER_PORT": str(free_port()),
-        "OUTBOX_STACK_OBJECT_STORE_PORT": str(free_object_store_port()),
+        "OUTBOX_STACK_BROKER_CONTROLLER_PORT": str(free_port()),
         "OUTBOX_STACK_CONNECT_PORT": str(free_port()),
     }
 
@@ -156,8 +155,7 @@ def test_the_password_is_required_over_tcp(own_cluster: PostgresCluster) -> None
 
 @pytest.mark.timeout(600)
 def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
-    """`outbox stack up|status|env|logs|down` over all four services (the broker on its object
-    store, the default), on ports of its own; then, as the README says, from a shell that ran
+    """`outbox stack up|status|env|logs|down` over the three services, on ports of its own; then, as the README says, from a shell that ran
     `eval "$(outbox stack env)"` (which exports the stack's own broker as
     OUTBOX_KAFKA_BOOTSTRAP_SERVERS): `down` stops that broker and `up` starts it again, it is
     never taken for an external one; a topic written before `down` is there after `up`."""
@@ -165,7 +163,7 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         dir=own_cluster.settings.dir,
         postgres_port=own_cluster.port,
         broker_port=free_port(),
-        object_store_port=free_object_store_port(),
+        broker_controller_port=free_port(),
         connect_port=free_port(),
         downloads=ROOT / ".cache" / "stack",
     )
@@ -173,7 +171,7 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         "OUTBOX_STACK_DIR": str(settings.dir),
         "OUTBOX_STACK_POSTGRES_PORT": str(settings.postgres_port),
         "OUTBOX_STACK_BROKER_PORT": str(settings.broker_port),
-        "OUTBOX_STACK_OBJECT_STORE_PORT": str(settings.object_store_port),
+        "OUTBOX_STACK_BROKER_CONTROLLER_PORT": str(settings.broker_controller_port),
         "OUTBOX_STACK_CONNECT_PORT": str(settings.connect_port),
         "OUTBOX_STACK_DOWNLOADS": str(settings.downloads),
     }
@@ -199,8 +197,7 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         assert started.returncode == 0, started.stderr
         for address in (
             f"127.0.0.1:{settings.postgres_port}",
-            f"kafka://127.0.0.1:{settings.broker_port}",
-            f"http://127.0.0.1:{settings.object_store_port} (SeaweedFS",
+            f"kafka://127.0.0.1:{settings.broker_port} (Apache Kafka 4.3.0, KRaft",
             f"http://127.0.0.1:{settings.connect_port}",
         ):
             assert address in started.stdout
@@ -211,18 +208,15 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
             int(pid) for pid in re.findall(r"\(pid (\d+)\)", again.stdout)
         ], "a second `up` starts nothing"
         status = outbox("status")
-        assert status.returncode == 0 and status.stdout.count("running") == 4
+        assert status.returncode == 0 and status.stdout.count("running") == 3
         exported = outbox("env").stdout
         assert exported.startswith("export OUTBOX_DATABASE_URL=")
         assert own_cluster.password() in exported
         assert f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.broker_port}\n" in exported
         logs = outbox("logs").stdout
         assert "==> connect <==" in logs and "Kafka Connect started" in logs
-        assert "==> objects <==" in logs
-        store = stack.own_broker.object_store
-        assert store is not None
-        shown = logs + started.stdout + status.stdout + exported
-        assert not any(key in shown for key in store.credentials()), "its keys are never shown"
+        assert "==> broker <==" in logs and "Kafka Server started" in logs
+        assert str(stack.own_broker.data_dir) in status.stdout, "status names its data folder"
         topic = f"survives-{uuid.uuid4().hex[:8]}"
         producer = KafkaProducer(bootstrap_servers=stack.bootstrap_servers, acks="all")
         producer.send(topic, b"kept").get(timeout=30)
@@ -234,8 +228,7 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         assert not any(line.running for line in stack.status()), "down stopped all three"
         started = after_eval("up")
         assert started.returncode == 0, started.stderr[-3000:]
-        assert all(line.running for line in stack.status()), "up started all four"
-        assert "(Tansu, durable: s3 in" in after_eval("status").stdout
+        assert all(line.running for line in stack.status()), "up started all three"
         assert [r.value for r in read_count(stack.bootstrap_servers, topic, 1)] == [b"kept"]  # type: ignore[attr-defined]
 
         stopped = outbox("down")
@@ -253,12 +246,10 @@ def test_a_bad_port_setting_is_refused_naming_the_variable() -> None:
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("OUTBOX_STACK_BROKER_STORAGE", "disk"), ("OUTBOX_STACK_OBJECT_STORE_PORT", "60000")],
+    [("OUTBOX_STACK_BROKER_HEAP", "lots"), ("OUTBOX_STACK_BROKER_CONTROLLER_PORT", "54329")],
 )
-def test_a_bad_broker_storage_setting_is_refused_naming_the_variable(
-    variable: str, value: str
-) -> None:
-    """An unknown engine, or an object-store port whose gRPC twin (+10000) cannot exist."""
+def test_a_bad_broker_setting_is_refused_naming_the_variable(variable: str, value: str) -> None:
+    """A heap Java would not take, or a controller port that is PostgreSQL's."""
     result = run_outbox("stack", "status", env={variable: value}, timeout=60)
     assert result.returncode == 2
     assert variable in result.stderr
@@ -271,16 +262,19 @@ def test_the_stack_knows_its_running_broker_by_the_address_it_recorded(tmp_path:
     started_on = StackSettings(
         dir=tmp_path,
         broker_port=free_port(),
-        broker_storage="memory",
+        broker_controller_port=free_port(),
         downloads=ROOT / ".cache" / "stack",
     )
-    broker = TansuBroker(started_on)
+    broker = KafkaBroker(started_on)
     broker.up()
     try:
         later = StackSettings(
-            dir=tmp_path, broker_port=free_port(), downloads=ROOT / ".cache" / "stack"
-        )  # s3 by default: the running broker's recorded engine (memory) wins
-        assert TansuBroker(later).storage == "memory"
+            dir=tmp_path,
+            broker_port=free_port(),
+            broker_controller_port=free_port(),
+            downloads=ROOT / ".cache" / "stack",
+        )
+        assert KafkaBroker(later).bootstrap_servers == started_on.bootstrap_servers
         exported = KafkaSettings(bootstrap_servers=f"localhost:{started_on.broker_port}")
         stack = LocalStack(later, exported)
         assert stack.external_kafka is None and stack.broker is not None
