@@ -54,6 +54,7 @@ def wait_for_records(bootstrap: str, topic: str, count: int, timeout: float = 30
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
+        isolation_level="read_committed",
         consumer_timeout_ms=200,
         max_poll_records=5000,
     )
@@ -129,6 +130,7 @@ def measure_latency(
             bootstrap_servers=stack.bootstrap_servers,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
+            isolation_level="read_committed",
             fetch_max_wait_ms=10,
             consumer_timeout_ms=200,
         )

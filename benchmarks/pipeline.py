@@ -287,6 +287,7 @@ def main() -> None:
     consumer = KafkaConsumer(
         topic_for(aggregate_type),
         bootstrap_servers=stack.bootstrap_servers,
+        isolation_level="read_committed",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         fetch_max_bytes=64 * 2**20,

@@ -63,9 +63,7 @@ CONNECTOR_TIMEOUT_SECONDS = 240.0
 class ChaosServices:
     def __init__(self, settings: ChaosSettings) -> None:
         self.settings = settings
-        self.stack_settings = stack_settings(
-            settings.stack_dir, free_port(), settings.broker_storage
-        )
+        self.stack_settings = stack_settings(settings.stack_dir, free_port())
         # The chaos stack's own broker, whatever OUTBOX_KAFKA_BOOTSTRAP_SERVERS says.
         self.stack = LocalStack(self.stack_settings, KafkaSettings(bootstrap_servers=None))
         self.run_dir = settings.run_dir

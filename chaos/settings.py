@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,7 +32,7 @@ class ChaosSettings(BaseSettings):
     ``faults_per_kind``: how many times each kind of fault is injected.
     ``drain_timeout_seconds``: how long the outbox may take to empty and the lake to catch up
     once the writers stopped. ``stack_dir``: the chaos stack's own folder (deleted and made
-    again at each run). ``broker_storage``: the broker's engine (``s3``, the stack's default).
+    again at each run).
     ``keep``: keep the stack's data after a passing run (a failing run always keeps it).
     """
 
@@ -45,7 +44,6 @@ class ChaosSettings(BaseSettings):
     faults_per_kind: int = Field(default=2, ge=1, le=50)
     drain_timeout_seconds: float = Field(default=420.0, ge=30, le=7_200)
     stack_dir: Path = ROOT / ".stack" / "chaos"
-    broker_storage: Literal["s3", "memory"] = "s3"
     keep: bool = False
     short: bool = False
 

@@ -89,6 +89,7 @@ def kafka_copies(
     ``idle_seconds`` (the local broker's end offsets cannot be trusted: read to the end)."""
     consumer: Any = KafkaConsumer(
         bootstrap_servers=bootstrap_servers.split(","),
+        isolation_level="read_committed",
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

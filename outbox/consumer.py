@@ -128,6 +128,7 @@ class IdempotentConsumer(Generic[T]):
         self._statements = OutboxStatements((settings or OutboxSettings()).tables)
         self._consumer: Any = KafkaConsumer(
             bootstrap_servers=bootstrap_servers.split(","),
+            isolation_level="read_committed",
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

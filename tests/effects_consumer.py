@@ -116,6 +116,7 @@ def plain_loop(
     consumer = KafkaConsumer(
         env["EFFECTS_TOPIC"],
         bootstrap_servers=env["EFFECTS_BOOTSTRAP"],
+        isolation_level="read_committed",
         group_id=env["EFFECTS_GROUP"],
         enable_auto_commit=False,
         auto_offset_reset="earliest",

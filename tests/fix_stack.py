@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
 import pytest
 
 from outbox_stack import PostgresCluster
@@ -22,6 +23,7 @@ from outbox_stack.broker import KafkaBroker
 from outbox_stack.connect import ConnectWorker
 from outbox_stack.settings import StackSettings
 from tests.fix_postgres import ROOT, free_port
+
 
 @dataclass(frozen=True)
 class KafkaServices:

@@ -9,12 +9,19 @@ from kafka import KafkaConsumer
 
 
 def read_until(
-    bootstrap: str, topic: str, done: Callable[[list[object]], bool], *, timeout: float = 60
+    bootstrap: str,
+    topic: str,
+    done: Callable[[list[object]], bool],
+    *,
+    timeout: float = 60,
+    isolation_level: str = "read_committed",
 ) -> list[object]:
-    """Records of ``topic`` from its start, read until ``done(records)`` or ``timeout``."""
+    """Records of ``topic`` from its start, read until ``done(records)`` or ``timeout``;
+    committed records only, as every reader of the project reads, unless told otherwise."""
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
+        isolation_level=isolation_level,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         consumer_timeout_ms=500,

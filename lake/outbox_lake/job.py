@@ -187,6 +187,7 @@ class _Lag:
         if self._consumer is None:
             self._consumer = KafkaConsumer(
                 bootstrap_servers=self._bootstrap.split(","),
+                isolation_level="read_committed",
                 group_id=None,
                 client_id="outbox-lake",
                 metrics_enabled=False,

@@ -152,6 +152,7 @@ def _consumer(bootstrap_servers: str) -> Any:
 
     return KafkaConsumer(
         bootstrap_servers=bootstrap_servers.split(","),
+        isolation_level="read_committed",
         group_id=None,
         enable_auto_commit=False,
         # Never jump: an offset that is out of range raises, and is reported as data loss.

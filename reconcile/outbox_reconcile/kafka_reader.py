@@ -53,6 +53,7 @@ def _consumer(bootstrap_servers: str) -> Any:
 
     return KafkaConsumer(
         bootstrap_servers=bootstrap_servers.split(","),
+        isolation_level="read_committed",
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

@@ -190,6 +190,7 @@ def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
 
     consumer = KafkaConsumer(
         bootstrap_servers=sources.bootstrap_servers.split(","),
+        isolation_level="read_committed",
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

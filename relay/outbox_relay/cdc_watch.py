@@ -70,6 +70,7 @@ class CdcWatch:
         self._listed = False
         self._consumer: Any = KafkaConsumer(
             bootstrap_servers=bootstrap_servers.split(","),
+            isolation_level="read_committed",
             client_id="outbox-relay-cdc-watch",
             metrics_enabled=False,  # its per-topic names collide for a.b and a_b
             group_id=None,

@@ -201,6 +201,7 @@ class DemoPipeline:
         consumer = KafkaConsumer(
             topic,
             bootstrap_servers=self.stack.bootstrap_servers.split(","),
+            isolation_level="read_committed",
             auto_offset_reset="earliest",
             enable_auto_commit=False,
             consumer_timeout_ms=500,

@@ -14,6 +14,7 @@ import shlex
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+
 from outbox.settings import KafkaSettings
 from outbox_stack.broker import KafkaBroker
 from outbox_stack.connect import ConnectWorker

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 

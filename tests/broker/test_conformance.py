@@ -4,7 +4,8 @@ Run it against your own cluster before adopting the project (Apache Kafka, Redpa
 
     make test-broker OUTBOX_KAFKA_BOOTSTRAP_SERVERS=host:port
 
-Without that setting it runs on the local stack's broker (Apache Kafka, one KRaft node). It creates topics named ``outbox-conformance-*`` and leaves them. Every client
+Without that setting it runs on the local stack's broker (Apache Kafka, one KRaft node).
+It creates topics named ``outbox-conformance-*`` and leaves them. Every client
 setting here is one the relay, Connect or the lake job uses, and valid for Apache Kafka.
 """
 

@@ -155,8 +155,9 @@ def test_the_password_is_required_over_tcp(own_cluster: PostgresCluster) -> None
 
 @pytest.mark.timeout(600)
 def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
-    """`outbox stack up|status|env|logs|down` over the three services, on ports of its own; then, as the README says, from a shell that ran
-    `eval "$(outbox stack env)"` (which exports the stack's own broker as
+    """`outbox stack up|status|env|logs|down` over the three services, on ports of its own;
+    then, as the README says, from a shell that ran `eval "$(outbox stack env)"` (which
+    exports the stack's own broker as
     OUTBOX_KAFKA_BOOTSTRAP_SERVERS): `down` stops that broker and `up` starts it again, it is
     never taken for an external one; a topic written before `down` is there after `up`."""
     settings = StackSettings(

@@ -13,7 +13,7 @@ import yaml
 from outbox_connect.settings import ConnectorSettings
 from outbox_lake.settings import LakeSettings
 from outbox_relay.settings import RelaySettings
-from outbox_stack.artifacts import CONNECT_WHEEL
+from outbox_stack.artifacts import java_versions
 from outbox_stack.connect import CONNECT_GROUP, ConnectWorker
 from outbox_stack.settings import StackSettings
 
@@ -39,10 +39,12 @@ def test_the_pipeline_services_are_there() -> None:
 
 
 def test_images_match_the_native_stack_versions() -> None:
-    debezium_version = "3.0.7"
-    assert CONNECT_WHEEL[1].startswith(debezium_version)
-    assert SERVICES["connect"]["image"] == f"quay.io/debezium/connect:{debezium_version}.Final"
-    assert SERVICES["kafka"]["image"].startswith("apache/kafka:3.9")
+    """The pinned Java versions (stack/outbox_stack/java/pom.xml) are the images' tags."""
+    versions = java_versions()
+    assert SERVICES["connect"]["image"] == (
+        f"quay.io/debezium/connect:{versions['debezium.version']}"
+    )
+    assert SERVICES["kafka"]["image"] == f"apache/kafka:{versions['kafka.version']}"
 
 
 def test_host_ports_are_the_native_stacks() -> None:
@@ -66,6 +68,10 @@ def test_connect_worker_settings_match() -> None:
         ("STATUS_STORAGE_TOPIC", "status.storage.topic"),
     ):
         assert environment[variable] == worker[key]
+    assert (
+        environment["CONNECT_EXACTLY_ONCE_SOURCE_SUPPORT"]
+        == (worker["exactly.once.source.support"])
+    )
     assert environment["CONNECT_CONFIG_PROVIDERS_ENV_CLASS"] == worker["config.providers.env.class"]
     # compose reads `$$` as one `$`; the same allow-list as the native worker's.
     assert (

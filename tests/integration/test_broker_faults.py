@@ -1,0 +1,198 @@
+"""The local broker (Apache Kafka, one KRaft node) and Kafka Connect under faults, while
+applications commit concurrently and CDC streams: the broker killed (``kill -9``) and
+restarted, the broker paused, Connect killed. Nothing committed is lost, every aggregate's
+first copies on Kafka are in commit (position) order, and with Connect's exactly-once source
+mode a ``read_committed`` reader sees no event twice after a Connect crash. The last test runs
+the relay in auto mode and the lake job through the crash of both: every event lands once.
+
+These tests use a broker and a Connect worker of their own (``durable_services``), so the
+session's services, which the rest of the suite shares, are never killed.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import outbox_migrations
+from outbox.core.contract import event_id_of, topic_for
+from outbox_stack.process import ServiceProcess
+from tests.fix_cdc import CdcPath, cdc_path_for
+from tests.fix_postgres import ScratchDatabase
+from tests.fix_relay import RelayBench, wait_until
+from tests.fix_stack import KafkaServices
+from tests.integration.test_lake_integrity import env_for, ingested, rows
+from tests.integration.test_relay_faults import check_delivery, sample
+from tests.kafka_read import read_until
+from tests.writers import Writer
+
+pytestmark = pytest.mark.timeout(480)
+
+WRITERS = 3
+"""Applications committing at once, each on aggregates of its own type (topic)."""
+
+
+@pytest.fixture(scope="module")
+def durable_cdc(durable_services: KafkaServices) -> Iterator[CdcPath]:
+    db = ScratchDatabase(durable_services.cluster, f"outbox_test_faults_{uuid.uuid4().hex[:8]}")
+    db.cluster.ensure_database(db.name)
+    engine = sa.create_engine(db.url)
+    with engine.begin() as connection:
+        outbox_migrations.upgrade(connection)
+    engine.dispose()
+    with cdc_path_for(durable_services, db) as path:
+        yield path
+    db.cluster.drop_database(db.name)
+
+
+def kill(process: ServiceProcess) -> None:
+    process.signal(signal.SIGKILL)
+    wait_until(lambda: not process.is_running(), timeout=30, what=f"{process.name} gone")
+
+
+def start_writers(cdc: CdcPath) -> list[Writer]:
+    writers = [
+        Writer(cdc.database.conninfo, f"w{uuid.uuid4().hex[:10]}", batches=150, pace_seconds=0.02)
+        for _ in range(WRITERS)
+    ]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.wait_for(30)
+    return writers
+
+
+def finish(cdc: CdcPath, writers: list[Writer], tmp_path: Path) -> list[list[Any]]:
+    """Wait for the connector and the writers; check every writer's events on Kafka."""
+    cdc.client.wait_running(cdc.connector.name, timeout=180)
+    for writer in writers:
+        writer.join(timeout=200)
+    bench = RelayBench(cdc.database, cdc.kafka, tmp_path)
+    return [check_delivery(bench, writer) for writer in writers]
+
+
+def duplicates(records: list[Any]) -> list[uuid.UUID]:
+    counts = Counter(event_id_of(record.headers) for record in records)
+    return [event_id for event_id, count in counts.items() if count > 1]
+
+
+def test_no_loss_and_order_kept_when_the_broker_is_killed_and_restarted(
+    durable_cdc: CdcPath, tmp_path: Path
+) -> None:
+    kafka = durable_cdc.kafka
+    writers = start_writers(durable_cdc)
+    kill(kafka.broker.process)
+    for writer in writers:
+        writer.wait_for(75)  # committed while the broker was down
+    kafka.broker.up()
+    finish(durable_cdc, writers, tmp_path)
+
+
+def test_no_loss_and_order_kept_when_the_broker_is_paused(
+    durable_cdc: CdcPath, tmp_path: Path
+) -> None:
+    broker = durable_cdc.kafka.broker.process
+    writers = start_writers(durable_cdc)
+    broker.signal(signal.SIGSTOP)
+    try:
+        for writer in writers:
+            writer.wait_for(75)  # committed while the broker did not answer
+    finally:
+        broker.signal(signal.SIGCONT)
+    finish(durable_cdc, writers, tmp_path)
+
+
+def test_no_duplicate_for_a_read_committed_reader_when_connect_is_killed(
+    durable_cdc: CdcPath, tmp_path: Path
+) -> None:
+    """Connect's exactly-once source mode: the records of a batch and the connector's offsets
+    commit in one Kafka transaction; a worker killed mid-batch leaves an open transaction,
+    which the restarted worker aborts (its producer is fenced by the same transactional id)
+    before it resumes from the committed offsets. A read_committed reader sees each event
+    once."""
+    kafka = durable_cdc.kafka
+    writers = start_writers(durable_cdc)
+    kill(kafka.connect.process)
+    for writer in writers:
+        writer.wait_for(75)
+    kafka.start_connect()  # the connector comes back from Connect's own topics
+    for records in finish(durable_cdc, writers, tmp_path):
+        assert duplicates(records) == [], "an event twice for a read_committed reader"
+
+
+def test_a_read_uncommitted_reader_is_what_exactly_once_protects_against(
+    durable_cdc: CdcPath, tmp_path: Path
+) -> None:
+    """The counterpart of the test above, so that it cannot pass by accident: Connect's records
+    are written inside transactions (a read_uncommitted reader reads them too, before and after
+    their markers, and a read_committed one never reads past an open transaction)."""
+    writer = Writer(durable_cdc.database.conninfo, f"t{uuid.uuid4().hex[:10]}", batches=5)
+    writer.run()
+    topic = topic_for(writer.aggregate_type)
+    committed = read_until(
+        durable_cdc.kafka.bootstrap_servers, topic, lambda r: len(r) >= 50, timeout=60
+    )
+    everything = read_until(
+        durable_cdc.kafka.bootstrap_servers,
+        topic,
+        lambda r: len(r) >= 50,
+        timeout=60,
+        isolation_level="read_uncommitted",
+    )
+    assert len(committed) == len(everything) == 50
+    offsets = [record.offset for record in committed]  # type: ignore[attr-defined]
+    assert offsets[-1] - offsets[0] + 1 > len(offsets), (
+        "no transaction marker between the records: Connect is not writing transactionally"
+    )
+
+
+def test_no_loss_no_lake_duplicate_when_broker_and_connect_are_both_killed(
+    durable_cdc: CdcPath, tmp_path: Path
+) -> None:
+    """With the relay in auto mode and the lake job: the lake ingests before the crash and
+    resumes from its checkpoint after it (those offsets still exist); every committed event
+    lands once."""
+    kafka = durable_cdc.kafka
+    bench = RelayBench(durable_cdc.database, kafka, tmp_path)
+    auto = {"mode": "auto", "grace_seconds": 3.0}
+    cdc_topic_prefix = durable_cdc.connector.topic_prefix
+    prefix = f"l{uuid.uuid4().hex[:8]}"
+    lake = tmp_path / "lake"
+    with bench.in_thread(cdc_topic_prefix=cdc_topic_prefix, **auto) as relay:
+        warm = Writer(durable_cdc.database.conninfo, f"{prefix}warm", batches=5)
+        warm.run()  # in this thread: the first events, for the lake's first run
+        wait_until(lambda: bench.undelivered() == 0, timeout=60, what="CDC confirmed")
+        check_delivery(bench, warm)
+        env = env_for(lake, prefix, kafka.bootstrap_servers)
+        ingested(env)
+        assert len(rows(lake, "events")) >= 50
+
+        writer = Writer(
+            durable_cdc.database.conninfo, f"{prefix}order", batches=150, pace_seconds=0.02
+        )
+        writer.start()
+        writer.wait_for(30)
+        confirmed = sample(relay, "outbox_relay_cdc_confirmed_total")
+        for process in (kafka.broker.process, kafka.connect.process):
+            kill(process)
+        writer.wait_for(75)
+        kafka.broker.up()
+        kafka.start_connect()  # the connector comes back from Connect's own topics
+        durable_cdc.client.wait_running(durable_cdc.connector.name, timeout=180)
+        writer.join(timeout=200)
+        wait_until(lambda: bench.undelivered() == 0, timeout=180, what="all confirmed")
+        # Its stored offsets were still valid: it went on reading CDC's records after the crash.
+        assert sample(relay, "outbox_relay_cdc_confirmed_total") > confirmed
+    check_delivery(bench, writer)
+    ingested(env)
+    ids = [str(row["event_id"]) for row in rows(lake, "events")]
+    assert len(ids) == len(set(ids)), "no event twice in the lake"
+    expected = {str(event_id) for event_id in warm.committed + writer.committed}
+    assert expected <= set(ids), f"{len(expected - set(ids))} events missing from the lake"
