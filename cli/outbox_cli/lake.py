@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from outbox_cli._common import bootstrap_servers, fail, load
+
+if TYPE_CHECKING:
+    from outbox_lake.settings import LakeSettings
 
 app = typer.Typer(
     help="The lake: ingest outbox topics into Delta tables; query them.", no_args_is_help=True
@@ -20,13 +25,15 @@ def ingest(
     """Run the Spark ingest job (continuous unless --available-now).
 
     Settings: OUTBOX_LAKE_* (root, topic pattern, batch limit, trigger, Spark master) and
-    OUTBOX_KAFKA_BOOTSTRAP_SERVERS.
+    OUTBOX_KAFKA_BOOTSTRAP_SERVERS. Spark's Kafka source and Delta's Spark writer: the jars
+    of OUTBOX_LAKE_SPARK_JARS, or the coordinates of OUTBOX_LAKE_SPARK_PACKAGES, or (neither
+    set) the project's pinned jars, fetched from Maven Central once into the stack's cache.
     """
     from outbox_lake.job import run_ingest
     from outbox_lake.settings import LakeSettings
     from outbox_relay.logs import configure_json_logging
 
-    settings = load(LakeSettings)
+    settings = with_spark_jars(load(LakeSettings))
     bootstrap = bootstrap_servers()
     configure_json_logging("INFO")
     try:
@@ -39,12 +46,51 @@ def ingest(
         raise fail(f"lake ingest stopped: {reason}", error, code=1) from None
 
 
+def with_spark_jars(settings: LakeSettings) -> LakeSettings:
+    """``settings`` with the jars the job adds to Spark: as set, or the project's own
+    (resolved from its pinned Maven list, less what the pyspark wheel ships)."""
+    if settings.spark_jars or settings.spark_packages:
+        return settings
+    from outbox_stack.artifacts import spark_extra_jars
+    from outbox_stack.settings import StackSettings
+
+    jars = spark_extra_jars(load(StackSettings).downloads_root)
+    return settings.model_copy(update={"spark_jars": ",".join(str(jar) for jar in jars)})
+
+
+@app.command()
+def packages(
+    jars: bool = typer.Option(
+        False, "--jars", help="List the jar files (fetched once) instead of the coordinates."
+    ),
+) -> None:
+    """What a Spark cluster needs to run the job: `spark-submit --packages` coordinates
+    (Spark's Kafka source, Delta's Spark writer), or with --jars the local jar files."""
+    from outbox_stack.artifacts import spark_extra_jars, spark_packages
+    from outbox_stack.settings import StackSettings
+
+    if jars:
+        for jar in spark_extra_jars(load(StackSettings).downloads_root):
+            typer.echo(str(jar))
+        return
+    typer.echo(",".join(spark_packages()))
+
+
 def _python_error_in(text: str) -> str | None:
     """``DataLossError: ...`` (or another error of ours) from a Spark exception's text."""
     for name in ("DataLossError", "DeliveryTimeoutError", "TimeoutError", "ConfigurationError"):
         marker = f"{name}: "
         if marker in text:
             return name + ": " + text.split(marker, 1)[1].split("\n", 1)[0].strip()
+    if "Some data may have been lost" in text or "offset was changed" in text:
+        first = next(
+            (line for line in text.splitlines() if "lost" in line or "changed" in line), ""
+        )
+        return (
+            f"DataLossError: {first.strip()[:400]} (Spark's Kafka source). To go on without "
+            "those records, restart once with OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false; see "
+            "docs/operations.md, 'Data loss'"
+        )
     return None
 
 

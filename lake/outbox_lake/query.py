@@ -18,7 +18,7 @@ from deltalake.exceptions import TableNotFoundError
 from outbox.core.errors import ConfigurationError
 from outbox_lake.settings import LakeSettings
 
-__all__ = ["TableInfo", "list_tables", "run_sql", "table_names"]
+__all__ = ["TableInfo", "arrow_dataset", "list_tables", "run_sql", "table_names"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,28 @@ def table_names(settings: LakeSettings) -> list[str]:
     )
 
 
+def _plain(kind: Any) -> Any:
+    """Arrow's view types as their plain twins (deltalake 1.6 reads text as ``string_view``,
+    which pyarrow's compute kernels cannot compare with a ``string`` literal: DuckDB's
+    filters pushed into the dataset failed on any text filter)."""
+    import pyarrow as pa
+
+    if kind == pa.string_view() or kind == pa.large_string():
+        return pa.string()
+    if kind == pa.binary_view() or kind == pa.large_binary():
+        return pa.binary()
+    return kind
+
+
+def arrow_dataset(table: DeltaTable) -> Any:
+    """The table as a pyarrow dataset of plain Arrow types (``string``, ``binary``)."""
+    import pyarrow as pa
+
+    schema = pa.schema(table.schema().to_arrow())
+    plain = pa.schema([field.with_type(_plain(field.type)) for field in schema])
+    return table.to_pyarrow_dataset(schema=plain)
+
+
 def _open(settings: LakeSettings, name: str) -> DeltaTable | None:
     try:
         return DeltaTable(settings.table_uri(name))
@@ -59,7 +81,7 @@ def list_tables(settings: LakeSettings) -> list[TableInfo]:
             continue
         history = table.history(1)
         stamp = history[0].get("timestamp") if history else None
-        rows = int(table.to_pyarrow_dataset().count_rows())
+        rows = int(arrow_dataset(table).count_rows())
         tables.append(
             TableInfo(
                 name=name,
@@ -82,7 +104,7 @@ def run_sql(
         for name in table_names(settings):
             table = _open(settings, name)
             if table is not None:
-                connection.register(name, table.to_pyarrow_dataset())
+                connection.register(name, arrow_dataset(table))
         result = connection.execute(sql, params)
         columns = [column[0] for column in result.description or []]
         return columns, result.fetchall()

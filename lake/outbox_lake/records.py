@@ -1,17 +1,24 @@
 """From a Kafka record to a lake row, or to quarantine with a reason. (Pure: no Spark, no I/O.)
 
-Spark runs :func:`parse_batch` on its executors (``mapInArrow``), so parsing and validation
-happen in parallel; the driver only sees the parsed rows of one bounded micro-batch.
+Spark runs :func:`parse_batch` on its executors (``mapInArrow`` over the rows of Spark's
+Kafka source), so parsing and validation happen in parallel and the driver sees no row.
+Beside each row it gives what the batch's later steps need without a second look at the
+bytes: the payload's top-level fields and their kinds (which columns a typed table needs,
+:func:`outbox_lake.typed_rows.payload_columns`), a fingerprint of the record (the lake's
+progress, :mod:`outbox_lake.offsets`) and the quarantine id of a record set aside.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from outbox.core.contract import ContractViolation, event_id_of, parse_record
+from outbox_lake.offsets import fingerprint
+from outbox_lake.typed_rows import payload_columns
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -21,7 +28,7 @@ __all__ = [
     "parse_one",
     "parsed_arrow_schema",
     "parsed_record_batch",
-    "raw_record_batch",
+    "record_quarantine_id",
 ]
 
 # The raw schema: the same columns as Spark's own Kafka source, so either can feed the job.
@@ -50,7 +57,8 @@ PARSED_SCHEMA = (
     "kind string, event_id string, aggregate_type string, aggregate_id string, "
     "event_type string, payload string, headers string, traceparent string, position long, "
     "event_time timestamp, event_date date, topic string, partition int, offset long, "
-    "raw_key binary, raw_value binary, reason string"
+    "raw_key binary, raw_value binary, reason string, "
+    "fields array<struct<name:string,kind:string>>, fingerprint string, quarantine_id string"
 )
 
 
@@ -148,28 +156,55 @@ def parsed_arrow_schema() -> Any:
             ("raw_key", pa.binary()),
             ("raw_value", pa.binary()),
             ("reason", pa.string()),
+            (
+                "fields",
+                pa.list_(pa.struct([("name", pa.string()), ("kind", pa.string())])),
+            ),
+            ("fingerprint", pa.string()),
+            ("quarantine_id", pa.string()),
         ]
     )
 
 
+def record_quarantine_id(
+    topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+) -> str:
+    """The same whenever the same record is set aside again (its coordinates and bytes)."""
+    digest = hashlib.sha256()
+    for part in (key, value):
+        digest.update(b"-" if part is None else b"+%d:" % len(part) + part)
+    return f"{topic}:{partition}:{offset}:{digest.hexdigest()[:32]}"
+
+
+def _timestamp_ms(moment: Any) -> int:
+    try:
+        return int(moment.timestamp() * 1000)
+    except Exception:  # a timestamp Python cannot hold: the fingerprint still tells content
+        return 0
+
+
+def parse_raw(record: dict[str, Any]) -> dict[str, Any]:
+    """One row of Spark's Kafka source (``key``, ``value``, ``topic``, ``partition``,
+    ``offset``, ``timestamp``, ``headers``) as a parsed row with its fields, fingerprint and
+    (when set aside) quarantine id. Never raises."""
+    headers = [(h["key"], h["value"]) for h in (record["headers"] or [])]
+    topic, partition, offset = record["topic"], record["partition"], record["offset"]
+    key, value = record["key"], record["value"]
+    row = parse_one(topic, partition, offset, key, value, headers)
+    row["fingerprint"] = fingerprint(_timestamp_ms(record["timestamp"]), key, value, headers)
+    if row["kind"] == "event":
+        row["fields"] = [
+            {"name": name, "kind": kind} for name, kind in payload_columns(row["payload"]) or ()
+        ]
+    else:
+        row["quarantine_id"] = record_quarantine_id(topic, partition, offset, key, value)
+    return row
+
+
 def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
-    """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out (for
-    Spark's own Kafka source; ours parses while it reads, see ``parse`` in kafka_source)."""
+    """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out."""
     for batch in batches:
-        rows = []
-        for record in batch.to_pylist():
-            headers = [(h["key"], h["value"]) for h in (record["headers"] or [])]
-            rows.append(
-                parse_one(
-                    record["topic"],
-                    record["partition"],
-                    record["offset"],
-                    record["key"],
-                    record["value"],
-                    headers,
-                )
-            )
-        yield parsed_record_batch(rows)
+        yield parsed_record_batch([parse_raw(record) for record in batch.to_pylist()])
 
 
 def parsed_record_batch(rows: list[dict[str, Any]]) -> Any:
@@ -183,41 +218,6 @@ def parsed_record_batch(rows: list[dict[str, Any]]) -> Any:
         return pa.RecordBatch.from_pylist([_arrow_safe(row, schema) for row in rows], schema)
 
 
-def raw_record_batch(records: Sequence[Any]) -> Any:
-    """kafka-python records as an Arrow record batch of :data:`RAW_COLUMNS`."""
-    import pyarrow as pa
-
-    return pa.RecordBatch.from_pydict(
-        {
-            "key": [r.key for r in records],
-            "value": [r.value for r in records],
-            "topic": [r.topic for r in records],
-            "partition": [r.partition for r in records],
-            "offset": [r.offset for r in records],
-            "timestamp": [r.timestamp * 1000 for r in records],
-            "headers": [[{"key": k, "value": v} for k, v in r.headers] for r in records],
-        },
-        schema=raw_arrow_schema(),
-    )
-
-
-def raw_arrow_schema() -> Any:
-    import pyarrow as pa
-
-    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
-    return pa.schema(
-        [
-            ("key", pa.binary()),
-            ("value", pa.binary()),
-            ("topic", pa.string()),
-            ("partition", pa.int32()),
-            ("offset", pa.int64()),
-            ("timestamp", pa.timestamp("us", tz="UTC")),
-            ("headers", pa.list_(header)),
-        ]
-    )
-
-
 def _arrow_safe(row: dict[str, Any], schema: Any) -> dict[str, Any]:
     """The row if Arrow can hold it, else the record as quarantine with the reason."""
     import pyarrow as pa
@@ -226,9 +226,13 @@ def _arrow_safe(row: dict[str, Any], schema: Any) -> dict[str, Any]:
         pa.RecordBatch.from_pylist([row], schema=schema)
         return row
     except (pa.ArrowException, ValueError, TypeError, OverflowError) as error:
-        keep = ("topic", "partition", "offset", "raw_key", "raw_value", "event_id")
+        keep = ("topic", "partition", "offset", "raw_key", "raw_value", "event_id", "fingerprint")
+        kept = {name: row.get(name) for name in keep}
         return {
-            **{name: row.get(name) for name in keep},
+            **kept,
             "kind": "quarantine",
             "reason": f"the record cannot be stored: {type(error).__name__}: {error}",
+            "quarantine_id": record_quarantine_id(
+                row["topic"], row["partition"], row["offset"], row["raw_key"], row["raw_value"]
+            ),
         }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,15 +17,16 @@ class LakeSettings(BaseSettings):
     ``OUTBOX_LAKE_ROOT``: folder (or object-store URI) of the Delta tables; checkpoints live
     beside them in ``_checkpoints``. ``OUTBOX_LAKE_TOPIC_PATTERN``: regex of the topics to
     ingest (new matching topics are picked up without a restart).
-    ``OUTBOX_LAKE_MAX_RECORDS_PER_BATCH`` and ``OUTBOX_LAKE_MAX_BYTES_PER_BATCH`` (keys, values
-    and headers; enforced with ``end_offsets=scan``): admission control, which bounds the
-    driver's memory. ``OUTBOX_LAKE_TRIGGER_SECONDS``:
+    ``OUTBOX_LAKE_MAX_RECORDS_PER_BATCH``: admission control (Spark's
+    ``maxOffsetsPerTrigger``), which bounds a batch. ``OUTBOX_LAKE_TRIGGER_SECONDS``:
     micro-batch interval. ``OUTBOX_LAKE_FAIL_ON_DATA_LOSS``: stop when records were deleted by
     retention before they were ingested (``false``: skip them, logged).
     ``OUTBOX_LAKE_SPARK_MASTER``: ``local[2]`` by default, any Spark master URL.
-    ``OUTBOX_LAKE_END_OFFSETS``: ``scan`` (find where each partition ends by reading: works
-    on every broker, including the local one) or ``broker`` (trust the broker's end offsets:
-    right for Apache Kafka, and cheaper). ``OUTBOX_LAKE_SPARK_BIND_ADDRESS``: the address the
+    ``OUTBOX_LAKE_SPARK_JARS``: comma-separated jar files Spark adds (Spark's Kafka source
+    and Delta's Spark writer; ``outbox lake ingest`` resolves them when unset);
+    ``OUTBOX_LAKE_SPARK_PACKAGES``: Maven coordinates instead (``spark.jars.packages``);
+    neither on a cluster that has them (``spark-submit --packages``, ``outbox lake
+    packages``). ``OUTBOX_LAKE_SPARK_BIND_ADDRESS``: the address the
     Spark driver listens on and advertises (``127.0.0.1``: loopback only; on a cluster, an
     address the executors can reach). ``OUTBOX_LAKE_METRICS_PORT``: port of the job's
     ``/metrics`` (Prometheus; ``0``, the default: none), on ``OUTBOX_LAKE_METRICS_ADDRESS``
@@ -38,7 +38,6 @@ class LakeSettings(BaseSettings):
     root: str = ".lake"
     topic_pattern: str = r"^outbox\.event\..+"
     max_records_per_batch: int = Field(default=50_000, ge=1, le=10_000_000)
-    max_bytes_per_batch: int = Field(default=64 * 2**20, ge=2**20, le=2**34)
     trigger_seconds: float = Field(default=1.0, gt=0, le=3600)
     fail_on_data_loss: bool = True
     spark_master: str = "local[2]"
@@ -46,7 +45,8 @@ class LakeSettings(BaseSettings):
     query_name: str = "outbox-lake-ingest"
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_address: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
-    end_offsets: Literal["scan", "broker"] = "scan"
+    spark_jars: str = ""
+    spark_packages: str = ""
 
     @field_validator("topic_pattern")
     @classmethod

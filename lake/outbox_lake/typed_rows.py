@@ -199,3 +199,95 @@ def _type_row(
                 raise _Refused(f"payload field {name!r} is {kind} here but {known} in {table_name}")
         cells[name] = cell
     return cells, new
+
+
+# -- on the executors: the same decisions, one batch at a time --------------------------------
+
+_KIND_OF_ARROW = {pa.bool_(): "boolean", pa.int64(): "long", pa.float64(): "double"}
+_ARROW_OF_KIND = {"boolean": pa.bool_(), "long": pa.int64(), "double": pa.float64()}
+_BASE_LOWER = {name.lower(): name for name in _BASE_NAMES}
+
+
+def kind_of(arrow: pa.DataType) -> str:
+    """A payload column's kind (``boolean``, ``long``, ``double``, ``string``)."""
+    return _KIND_OF_ARROW.get(arrow, "string")
+
+
+def payload_columns(payload_text: str | None) -> list[tuple[str, str]] | None:
+    """The columns this payload would bring to an empty typed table (name, kind), in its
+    order; None when the payload cannot be typed on its own (it will be set aside)."""
+    if payload_text is None:
+        return None
+    try:
+        _, new = _type_row({"payload": payload_text}, {}, {}, dict(_BASE_LOWER), "the table")
+    except Exception:
+        return None
+    return [(name, kind_of(kind)) for name, kind in new.items()]
+
+
+def typed_batch_schema(columns: dict[str, str]) -> pa.Schema:
+    """A typed table's rows as the executors give them: the base columns, ``columns``
+    (name → kind, in order), and what a row set aside needs (``_reason`` and its record)."""
+    return pa.schema(
+        [
+            *TYPED_BASE,
+            *((name, _ARROW_OF_KIND.get(kind, pa.string())) for name, kind in columns.items()),
+            ("_reason", pa.string()),
+            ("_topic", pa.string()),
+            ("_partition", pa.int32()),
+            ("_offset", pa.int64()),
+            ("_key", pa.binary()),
+            ("_value", pa.binary()),
+        ]
+    )
+
+
+def type_batch(
+    events: list[dict[str, Any]], columns: dict[str, str], table_name: str
+) -> pa.RecordBatch:
+    """Type ``events`` (parsed rows of one aggregate type) into the table whose payload
+    columns are exactly ``columns`` (decided on the driver for the whole batch): each row
+    typed, or set aside with ``_reason``. Never raises for a row."""
+    existing = {name: _ARROW_OF_KIND.get(kind, pa.string()) for name, kind in columns.items()}
+    schema = typed_batch_schema(columns)
+    by_lower = {**_BASE_LOWER, **{name.lower(): name for name in existing}}
+    out = []
+    for event in events:
+        record = {
+            "_topic": event.get("topic"),
+            "_partition": event.get("partition"),
+            "_offset": event.get("offset"),
+            "_key": event.get("raw_key"),
+            "_value": event.get("raw_value"),
+        }
+        base = {name: event.get(name) for name in _BASE_NAMES}
+        try:
+            cells, new = _type_row(event, existing, {}, dict(by_lower), table_name)
+            if new:
+                raise _Refused(
+                    f"payload field {next(iter(new))!r} has no column in {table_name} this "
+                    "batch: rename the field"
+                )
+            row = {**base, **cells, **record, "_reason": None}
+        except _Refused as refused:
+            row = {**base, **record, "_reason": str(refused)}
+        except Exception as error:  # whatever one row does, it stays that row's problem
+            reason = f"cannot type this row: {type(error).__name__}: {error}"
+            row = {**base, **record, "_reason": reason}
+        out.append(row)
+    try:
+        return pa.RecordBatch.from_pylist(out, schema=schema)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError):
+        pass
+    kept = []
+    for row in out:  # whatever Arrow still refuses: that row only
+        try:
+            pa.RecordBatch.from_pylist([row], schema=schema)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as error:
+            reason = f"cannot store this row: {type(error).__name__}: {error}"
+            row = {name: row.get(name) for name in (*_BASE_NAMES, *_RECORD)} | {"_reason": reason}
+        kept.append(row)
+    return pa.RecordBatch.from_pylist(kept, schema=schema)
+
+
+_RECORD = ("_topic", "_partition", "_offset", "_key", "_value")

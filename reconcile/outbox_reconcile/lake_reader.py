@@ -1,11 +1,10 @@
 """Reads the lake's ``events``, typed tables and ``quarantine`` (``deltalake``, streamed).
 
-Order matters, and follows the sink's (lake/outbox_lake/delta_sink.py), which writes each batch's
-typed tables, then ``quarantine``, then ``events``: ``events`` is read first, at one version, with
-the progress that version records (``outbox-lake:<topic>:<partition>``,
-lake/outbox_lake/progress.py); the other tables are read after it and hold at least what that
-version's batches wrote. So a batch landing while reconcile reads is never mistaken for a missing
-row.
+Order matters, and follows the sink's (lake/outbox_lake/spark_sink.py), which writes each batch's
+typed tables, then ``quarantine``, then ``events``, then ``_progress``: the progress is read first
+(lake/outbox_lake/progress.py), then ``events`` at one version, then the other tables: each holds
+at least what the progress read says. So a batch landing while reconcile reads is never mistaken
+for a missing row.
 
 Only the columns needed are read, in Arrow batches of 64k rows, pruned to the window's days
 (``event_date`` partitions).
@@ -22,9 +21,12 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from outbox_lake.delta_sink import EVENTS, QUARANTINE, typed_table_name
-from outbox_lake.progress import app_id
+from outbox_lake.names import typed_table_name
+from outbox_lake.offsets import Partition
+from outbox_lake.progress import ProgressStore
+from outbox_lake.query import arrow_dataset
 from outbox_lake.settings import LakeSettings
+from outbox_lake.tables import EVENTS, QUARANTINE
 from outbox_reconcile.evidence import Evidence
 from outbox_reconcile.records import TOPIC_PREFIX, Window
 
@@ -81,7 +83,7 @@ def _in_window(window: Window) -> Any:
 
 
 def _batches(table: DeltaTable, columns: list[str], window: Window) -> Iterator[Any]:
-    dataset = table.to_pyarrow_dataset()
+    dataset = arrow_dataset(table)
     # Little read-ahead: memory follows one file's columns, not the table.
     yield from dataset.to_batches(
         columns=columns,
@@ -100,13 +102,14 @@ def read_lake(
     advance: Callable[[int], None] = lambda _: None,
 ) -> LakeRead:
     read = LakeRead()
+    wanted = [Partition(topic, partition) for topic, partition in partitions]
+    progress = ProgressStore(settings).read(legacy_partitions=wanted)
     events = _open(settings.table_uri(EVENTS))
     if events is not None:
         read.events_version = events.version()
-        for topic, partition in partitions:
-            end = events.transaction_version(app_id(topic, partition))
-            if end is not None:
-                evidence.set_lake_progress(topic, partition, int(end))
+        for where in wanted:
+            if where in progress:
+                evidence.set_lake_progress(where.topic, where.partition, progress[where].end_offset)
         for batch in _batches(events, _EVENT_COLUMNS, window):
             columns = [batch.column(name).to_pylist() for name in _EVENT_COLUMNS]
             types = columns[1]

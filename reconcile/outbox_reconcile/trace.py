@@ -22,7 +22,9 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from outbox_lake.delta_sink import EVENTS, QUARANTINE, typed_table_name
+from outbox_lake.names import typed_table_name
+from outbox_lake.query import arrow_dataset
+from outbox_lake.tables import EVENTS, QUARANTINE
 from outbox_reconcile.records import TOPIC_PREFIX, copy_of, event_time_ms
 from outbox_reconcile.run import Sources
 from outbox_reconcile.statements import ReconcileStatements
@@ -88,7 +90,7 @@ def _open(uri: str, version: int | None = None) -> DeltaTable | None:
 
 def _rows_of(table: DeltaTable, event_id: str, day: Any, columns: list[str]) -> list[Any]:
     filter_ = (ds.field("event_date") == day) & (ds.field("event_id") == event_id)
-    return table.to_pyarrow_dataset().to_table(columns=columns, filter=filter_).to_pylist()  # type: ignore[no-any-return]
+    return arrow_dataset(table).to_table(columns=columns, filter=filter_).to_pylist()  # type: ignore[no-any-return]
 
 
 def _first_version(uri: str, latest: int, event_id: str, day: Any) -> int:
@@ -146,7 +148,7 @@ def _lake(sources: Sources, lineage: Lineage) -> None:
     quarantine = _open(sources.lake.table_uri(QUARANTINE))
     if quarantine is not None:
         lineage.quarantine = (
-            quarantine.to_pyarrow_dataset()
+            arrow_dataset(quarantine)
             .to_table(
                 columns=["target_table", "topic", "partition", "offset", "reason", "ingest_time"],
                 filter=ds.field("event_id") == lineage.event_id,

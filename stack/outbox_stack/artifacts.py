@@ -43,6 +43,7 @@ __all__ = [
     "java_jars",
     "java_versions",
     "spark_extra_jars",
+    "spark_packages",
 ]
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,24 @@ def spark_extra_jars(downloads: Path) -> list[Path]:
     shipped = {jar_artifact(jar.name) for jar in (Path(spec.origin).parent / "jars").glob("*.jar")}
     folder = java_jars(downloads, "spark")
     return sorted(jar for jar in folder.glob("*.jar") if jar_artifact(jar.name) not in shipped)
+
+
+def spark_packages() -> list[str]:
+    """The Maven coordinates of the ``spark`` module's direct dependencies, versions from
+    the pom (for ``spark-submit --packages`` on a user's own cluster)."""
+    versions = java_versions()
+    text = (JAVA_PROJECT / "spark" / "pom.xml").read_text()
+    found = []
+    for block in re.findall(r"<dependency>(.*?)</dependency>", text, re.DOTALL):
+        parts = {
+            tag: re.search(rf"<{tag}>([^<]+)</{tag}>", block)
+            for tag in ("groupId", "artifactId", "version")
+        }
+        if not all(parts.values()):
+            continue
+        coordinate = ":".join(m.group(1) for m in parts.values() if m is not None)
+        found.append(re.sub(r"\$\{([a-z.]+)\}", lambda m: versions[m.group(1)], coordinate))
+    return found
 
 
 def ensure_postgres_binaries(bin_dir: Path) -> None:

@@ -298,7 +298,7 @@ class DemoPipeline:
 
 
 # The lake job's refusal in its log (a traceback's last line), and the words of the
-# refusal for a topic that is another log than the checkpoint's (kafka_source._lost_topic).
+# refusal for a topic that is another log than the lake's (outbox_lake.offsets.losses).
 DATA_LOSS_LINE = re.compile(r"DataLossError: (.+)")
 TOPIC_REPLACED = "the topic on the broker is not the one the lake has read"
 
@@ -329,6 +329,11 @@ def run_lake_job() -> None:
             pass
 
     settings = LakeSettings()
+    if not settings.spark_jars and not settings.spark_packages:
+        from outbox_stack.artifacts import spark_extra_jars
+
+        jars = spark_extra_jars(StackSettings().downloads_root)
+        settings = settings.model_copy(update={"spark_jars": ",".join(map(str, jars))})
     configure_json_logging("INFO")
     bootstrap = KafkaSettings().bootstrap_servers
     if bootstrap is None:

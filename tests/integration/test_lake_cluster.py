@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox_lake.delta_sink import typed_table_name
+from outbox_lake.names import typed_table_name
 from outbox_stack.spark_cluster import SparkCluster
 from tests.fix_stack import KafkaServices
 from tests.integration.test_lake_integrity import contract_record, env_for, ingested, rows, send

@@ -27,8 +27,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from outbox import Event, Outbox, new_event_id
 from outbox.core.contract import record_for, topic_for
-from outbox_lake.delta_sink import typed_table_name
-from outbox_lake.kafka_source import TOPIC_IDS
+from outbox_lake.names import typed_table_name
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT, free_port
 from tests.fix_relay import RelayBench, wait_until
@@ -279,7 +278,6 @@ def test_the_hard_cases_each_land_in_events_with_their_typed_row_set_aside(
             root,
             prefix,
             kafka_services.bootstrap_servers,
-            OUTBOX_LAKE_MAX_BYTES_PER_BATCH=str(2**20),
         )
     )
     events = {row["event_id"]: row for row in rows(root, "events")}
@@ -382,15 +380,16 @@ def test_typed_tables_of_types_with_alike_names_never_share_or_drop_rows(
 @pytest.mark.parametrize(
     ("new_records", "checkpoint_has_ids"),
     [(3, True), (15, True), (15, False)],
-    ids=["shorter", "longer", "longer-checkpoint-without-ids"],
+    ids=["shorter", "longer", "longer-progress-without-ids"],
 )
 def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
     kafka_services: KafkaServices, tmp_path: Path, new_records: int, checkpoint_has_ids: bool
 ) -> None:
-    """Deleted and recreated under the lake's checkpoint: refused, then (when asked) read
-    from its start. The longer new topic holds records at every offset the lake had read:
-    its topic id tells it from the old one or, for a checkpoint written before ids were
-    recorded, the record before where the lake stands (its fingerprint)."""
+    """Deleted and recreated under the lake: refused, then (when asked) read from its start.
+    The longer new topic holds records at every offset the lake had read: its topic id tells
+    it from the old one or, where the lake's progress has no id (a broker without ids), the
+    record before where the lake stands (its fingerprint). Spark's own source notices
+    neither."""
     prefix = f"r{uuid.uuid4().hex[:8]}"
     aggregate_type = f"{prefix}order"
     topic = topic_for(aggregate_type)
@@ -432,14 +431,14 @@ def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
 
 
 def forget_topic_ids(root: Path) -> None:
-    """Make the checkpoint's last offsets those of a release that kept no topic ids."""
-    offsets = root / "_checkpoints" / "outbox-lake-ingest" / "offsets"
-    last = max((f for f in offsets.iterdir() if f.name.isdigit()), key=lambda f: int(f.name))
-    *head, source = last.read_text().splitlines()
-    kept = json.loads(source)
-    assert kept.pop(TOPIC_IDS), "the checkpoint recorded the topic's id"
-    last.write_text("\n".join([*head, json.dumps(kept)]))
-    (offsets / f".{last.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the old text
+    """Make the lake's progress that of a broker that gives no topic ids."""
+    progress = DeltaTable(str(root / "_progress")).to_pyarrow_table()
+    assert all(progress.column("topic_id").to_pylist()), "the lake recorded the topic's id"
+    index = progress.schema.get_field_index("topic_id")
+    cleared = progress.set_column(
+        index, "topic_id", pa.nulls(progress.num_rows, pa.string())
+    )
+    write_deltalake(str(root / "_progress"), cleared, mode="overwrite")
 
 
 # -- commit order ------------------------------------------------------------------------
