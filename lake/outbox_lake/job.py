@@ -88,6 +88,9 @@ def spark_session(settings: LakeSettings) -> Any:
         .set("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         # Small tables, small batches: Delta's log replay and merges on few tasks.
         .set("spark.databricks.delta.snapshotPartitions", "2")
+        # The merge's source is already persisted by the sink: no second copy of it.
+        .set("spark.databricks.delta.merge.materializeSource", "none")
+        .set("spark.databricks.delta.merge.repartitionBeforeWrite.enabled", "false")
         .set("spark.sql.adaptive.coalescePartitions.initialPartitionNum", "2")
         # A trigger with no new data reports progress at once (the demo waits for one).
         .set("spark.sql.streaming.noDataProgressEventInterval", "500ms")

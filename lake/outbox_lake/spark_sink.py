@@ -26,6 +26,7 @@ Spark writer then merges into them, adding columns as payloads bring new fields.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -114,6 +115,8 @@ class SparkDeltaSink:
         self.metrics = metrics if metrics is not None else LakeMetrics()
         self.progress = progress if progress is not None else ProgressStore(settings)
         self.before_write = before_write
+        self._rejected: Any = None
+        self._collisions = 0
         """Called with the batch's shape before anything is written (the job's data-loss
         check): it may raise to refuse the batch."""
 
@@ -124,56 +127,75 @@ class SparkDeltaSink:
         started = time.monotonic()
         spark = frame.sparkSession
         parsed = parsed_frame(frame).persist()
+        timings: dict[str, float] = {}
         try:
-            with self.metrics.stage_seconds.labels("read_parse").time():
+            with _timed(self.metrics, "read_parse", timings):
                 shape = batch_shape(parsed)
             if not shape.ends:
                 return
             if self.before_write is not None:
                 self.before_write(spark, shape)
-            self._write(spark, parsed, shape, batch_id)
+            self._write(spark, parsed, shape, batch_id, timings)
         finally:
             parsed.unpersist()
+        took = time.monotonic() - started
         self.metrics.batches.inc()
         self.metrics.completed_batches += 1
         self.metrics.last_batch_time.set_to_current_time()
-        self.metrics.batch_seconds.observe(time.monotonic() - started)
+        self.metrics.batch_seconds.observe(took)
+        log.info(
+            "batch %d: %d events, %d records set aside, %.2f s (%s)",
+            batch_id,
+            shape.events,
+            shape.quarantined,
+            took,
+            ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in timings.items()),
+        )
 
-    def _write(self, spark: Any, parsed: Any, shape: BatchShape, batch_id: int) -> None:
+    def _write(
+        self, spark: Any, parsed: Any, shape: BatchShape, batch_id: int, timings: dict[str, float]
+    ) -> None:
         from pyspark.sql import functions as f
 
-        events = first_copies(parsed.filter(f.col("kind") == "event"))
+        events = first_copies(parsed.filter(f.col("kind") == "event")).persist()
+        self._rejected = spark.sparkContext.accumulator(0)
+        self._collisions = 0  # typed tables of another aggregate type met in this batch
         set_aside = []
-        stage = self.metrics.stage_seconds
         typed_frames = []
-        with stage.labels("typed").time():
-            for aggregate_type, part in sorted(shape.types.items()):
-                frame = self._write_typed(spark, events, aggregate_type, part, batch_id)
-                if frame is not None:
-                    typed_frames.append(frame)
-                    set_aside.append(frame.filter(f.col("_reason").isNotNull()))
         try:
-            with stage.labels("quarantine").time():
-                self._write_quarantine(spark, parsed, set_aside, batch_id)
+            with _timed(self.metrics, "typed", timings):
+                for aggregate_type, part in sorted(shape.types.items()):
+                    frame = self._write_typed(spark, events, aggregate_type, part, batch_id)
+                    if frame is not None:
+                        typed_frames.append(frame)
+                        set_aside.append(frame.filter(f.col("_reason").isNotNull()))
+            # Typed rows set aside, counted on the executors while they typed (at least once).
+            typed_aside = int(self._rejected.value) + self._collisions
+            if shape.quarantined or typed_aside:
+                with _timed(self.metrics, "quarantine", timings):
+                    self._write_quarantine(spark, parsed, set_aside, batch_id)
+                self.metrics.quarantined.labels("record").inc(shape.quarantined)
+                self.metrics.quarantined.labels("typed").inc(int(self._rejected.value))
+            if shape.events:
+                with _timed(self.metrics, "events", timings):
+                    rows = events.withColumn("ingest_time", f.current_timestamp())
+                    self._merge(
+                        spark,
+                        EVENTS_TABLE,
+                        self.settings.table_uri(EVENTS_TABLE.name),
+                        rows.select(*EVENTS_TABLE.names),
+                        days=set().union(*(t.days for t in shape.types.values())),
+                        ids=_id_range(shape),
+                        batch_id=batch_id,
+                    )
+                self.metrics.events.inc(shape.events)
+                if shape.newest_event_time is not None:
+                    self.metrics.saw_events(shape.newest_event_time)
         finally:
             for frame in typed_frames:
                 frame.unpersist()
-        if shape.events:
-            with stage.labels("events").time():
-                rows = events.withColumn("ingest_time", f.current_timestamp())
-                self._merge(
-                    spark,
-                    EVENTS_TABLE,
-                    self.settings.table_uri(EVENTS_TABLE.name),
-                    rows.select(*EVENTS_TABLE.names),
-                    days=set().union(*(t.days for t in shape.types.values())),
-                    ids=_id_range(shape),
-                    batch_id=batch_id,
-                )
-            self.metrics.events.inc(shape.events)
-            if shape.newest_event_time is not None:
-                self.metrics.saw_events(shape.newest_event_time)
-        with stage.labels("progress").time():
+            events.unpersist()
+        with _timed(self.metrics, "progress", timings):
             self.progress.advance(shape.ends)
 
     def _write_typed(
@@ -188,6 +210,7 @@ class SparkDeltaSink:
         owner, existing = _table_columns(uri)
         mine = events.filter(f.col("aggregate_type") == aggregate_type)
         if owner is not None and owner != aggregate_type:
+            self._collisions += 1
             reason = (
                 f"the typed table {name} holds aggregate type {owner!r}, not "
                 f"{aggregate_type!r}: the event is in events; report this name collision"
@@ -204,10 +227,13 @@ class SparkDeltaSink:
             ).persist()
         columns = decide_columns(existing, part.fields)
         schema = typed_batch_schema(columns)
+        rejected = self._rejected
 
         def typing(batches: Iterable[Any]) -> Iterator[Any]:
             for batch in batches:
-                yield type_batch(batch.to_pylist(), columns, name)
+                typed = type_batch(batch.to_pylist(), columns, name)
+                rejected.add(typed.num_rows - typed.column("_reason").null_count)
+                yield typed
 
         from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -269,24 +295,15 @@ class SparkDeltaSink:
         rows = frames[0]
         for frame in frames[1:]:
             rows = rows.unionByName(frame)
-        rows = rows.persist()
-        try:
-            counted = rows.groupBy(f.col("target_table") == EVENTS_TABLE.name).count().collect()
-            if not counted:
-                return
-            for is_record, count in counted:
-                self.metrics.quarantined.labels("record" if is_record else "typed").inc(count)
-            self._merge(
-                spark,
-                QUARANTINE_TABLE,
-                self.settings.table_uri(QUARANTINE_TABLE.name),
-                rows,
-                days=set(),
-                ids=(None, None),
-                batch_id=batch_id,
-            )
-        finally:
-            rows.unpersist()
+        self._merge(
+            spark,
+            QUARANTINE_TABLE,
+            self.settings.table_uri(QUARANTINE_TABLE.name),
+            rows,
+            days=set(),
+            ids=(None, None),
+            batch_id=batch_id,
+        )
 
     # -- the one way a table is written ----------------------------------------------------
 
@@ -340,6 +357,17 @@ class SparkDeltaSink:
 
 
 # -- the batch's rows and shape ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _timed(metrics: LakeMetrics, stage: str, timings: dict[str, float]) -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        took = time.monotonic() - started
+        timings[stage] = timings.get(stage, 0.0) + took
+        metrics.stage_seconds.labels(stage).observe(took)
 
 
 def parsed_frame(frame: Any) -> Any:
