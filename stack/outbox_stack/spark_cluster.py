@@ -124,6 +124,10 @@ class SparkCluster:
             return 0
         return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
 
+    def worker_pids(self) -> list[int]:
+        """The running workers' pids (a test kills one mid-batch)."""
+        return [pid for process in self._processes()[1:] if (pid := process.pid()) is not None]
+
     def down(self) -> None:
         for process in reversed(self._processes()):
             process.stop(timeout=30.0, group=True)

@@ -220,3 +220,56 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
     assert set(quarantined) == bad_offsets, "malformed records missing from quarantine"
     assert set(ids) == {str(e.event_id) for e in backlog + newcomers}
     assert {event_id_of([("id", i.encode())]) for i in ids}  # every id is a UUID
+
+
+def analysts_sql() -> list[str]:
+    """Every SQL example of docs/analysts.md: ```sql blocks, `outbox lake query "..."` lines
+    and the Spark examples' SQL (standard SQL that DuckDB runs as well)."""
+    text = (ROOT / "docs" / "analysts.md").read_text()
+    found = re.findall(r"```sql\n(.*?)```", text, re.S)
+    found += re.findall(r'^outbox lake query "(.*)"', text, re.M)
+    found += re.findall(r'spark\.sql\("""(.*?)"""\)', text, re.S)
+    return [sql.strip() for sql in found]
+
+
+def test_every_sql_example_of_the_analysts_guide_runs_on_a_lake_the_job_filled(
+    kafka_services: Any, tmp_path: Path
+) -> None:
+    from outbox.core.contract import record_for
+    from outbox_lake.query import run_sql
+    from outbox_lake.settings import LakeSettings
+
+    examples = analysts_sql()
+    assert len(examples) >= 8, examples
+    producer = KafkaProducer(bootstrap_servers=kafka_services.bootstrap_servers)
+    for n in range(30):
+        record = record_for(
+            event_id=uuid.uuid4(),
+            aggregate_type="order",
+            aggregate_id=str(n % 7),
+            event_type="OrderPaid" if n % 3 == 0 else "OrderPlaced",
+            payload_text=json.dumps({"customer": f"c{n % 4}", "total": n * 2.5}),
+            headers_text="{}",
+            traceparent="",
+            position=n,
+        )
+        producer.send(record.topic, key=record.key, value=record.value, headers=record.headers)
+    producer.send("outbox.event.order", key=b"x", value=b"{not json")
+    producer.flush()
+    producer.close()
+    root = tmp_path / "lake"
+    env = {
+        "OUTBOX_LAKE_ROOT": str(root),
+        "OUTBOX_LAKE_TOPIC_PATTERN": r"^outbox\.event\.order$",
+        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": kafka_services.bootstrap_servers,
+    }
+    ingest_available_now(env)
+    settings = LakeSettings(root=str(root))
+    for sql in examples:
+        columns, answer = run_sql(settings, sql)
+        assert columns and answer, sql
+    paid = run_outbox(
+        "lake", "query", "SELECT count(*) FROM events WHERE event_type = 'OrderPaid'", env=env
+    )
+    assert paid.returncode == 0, paid.stderr
+    assert int(paid.stdout.splitlines()[1]) >= 10

@@ -1,9 +1,14 @@
 """The lake job, unchanged, on a Spark standalone cluster (a master and two workers on this
-machine, from the PySpark installation): the same tables, every event exactly once."""
+machine, from the PySpark installation): the executors write the Delta files, and a worker
+killed mid-batch loses and duplicates nothing."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +17,12 @@ import pytest
 
 from outbox_lake.names import typed_table_name
 from outbox_stack.spark_cluster import SparkCluster
+from tests.fix_postgres import ROOT
+from tests.fix_relay import wait_until
 from tests.fix_stack import KafkaServices
-from tests.integration.test_lake_integrity import contract_record, env_for, ingested, rows, send
+from tests.integration.test_lake_integrity import contract_record, env_for, rows, send
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture
@@ -28,7 +35,22 @@ def spark_cluster(tmp_path: Path) -> Iterator[SparkCluster]:
         cluster.down()
 
 
-def test_the_lake_job_runs_unchanged_on_a_standalone_cluster(
+def event_log_writes(folder: Path) -> dict[str, int]:
+    """Records written per executor id, from the application's Spark event log."""
+    written: dict[str, int] = {}
+    for log in folder.iterdir():
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("Event") != "SparkListenerTaskEnd":
+                continue
+            executor = event["Task Info"]["Executor ID"]
+            metrics = event.get("Task Metrics") or {}
+            records = (metrics.get("Output Metrics") or {}).get("Records Written", 0)
+            written[executor] = written.get(executor, 0) + int(records)
+    return written
+
+
+def test_the_executors_write_and_a_worker_killed_mid_batch_loses_nothing(
     kafka_services: KafkaServices, spark_cluster: SparkCluster, tmp_path: Path
 ) -> None:
     prefix = f"sc{uuid.uuid4().hex[:8]}"
@@ -41,20 +63,56 @@ def test_the_lake_job_runs_unchanged_on_a_standalone_cluster(
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records[:500]])
     root = tmp_path / "lake"
-    ingested(
-        env_for(
-            root,
-            prefix,
-            bootstrap,
-            OUTBOX_LAKE_SPARK_MASTER=spark_cluster.master_url,
-            OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="2000",
-        )
+    conf = tmp_path / "conf"
+    events_log = tmp_path / "events"
+    conf.mkdir()
+    events_log.mkdir()
+    (conf / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir {events_log}\n"
     )
+    env = env_for(
+        root,
+        prefix,
+        bootstrap,
+        OUTBOX_LAKE_SPARK_MASTER=spark_cluster.master_url,
+        OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="1000",
+        SPARK_CONF_DIR=str(conf),
+    )
+    log = tmp_path / "ingest.log"
+    with log.open("wb") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        delta_log = root / "events" / "_delta_log"
+        wait_until(
+            lambda: delta_log.exists() and len(list(delta_log.glob("*.json"))) >= 2,
+            timeout=400,
+            what="a first batch landed",
+        )
+        victim, *_ = spark_cluster.worker_pids()
+        os.kill(victim, signal.SIGKILL)  # mid-batch: the next batches start at once
+        wait_until(
+            lambda: len(rows(root, "events")) >= len(records),
+            timeout=500,
+            what="every event landed after a worker was killed",
+        )
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
 
     expected = {str(uuid.UUID(dict(r.headers)["id"].decode())) for r in records}
     for table in ("events", typed_table_name(aggregate_type)):
         ids = [row["event_id"] for row in rows(root, table)]
         assert len(ids) == len(set(ids)) == len(expected) and set(ids) == expected, table
-    state = spark_cluster.status()
-    (app,) = [a for a in state["completedapps"] if a["name"] == "outbox-lake-ingest"]
-    assert app["cores"] == 2, app  # both workers' executors took part
+    written = event_log_writes(events_log)
+    assert sum(written.values()) >= len(records), written
+    assert written.get("driver", 0) == 0, written  # every row written by an executor
+    assert [e for e, n in written.items() if n], written  # the executors wrote

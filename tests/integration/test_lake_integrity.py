@@ -524,9 +524,12 @@ def test_events_are_in_commit_order_by_position_though_event_time_differs(
 # -- a clean stop ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("to_the_group", [False, True], ids=["driver", "process-group"])
 def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
-    kafka_services: KafkaServices, tmp_path: Path
+    kafka_services: KafkaServices, tmp_path: Path, to_the_group: bool
 ) -> None:
+    """To the driver only (a container runtime), or to its whole process group (systemd's
+    default, Ctrl-C): Spark's JVM and Python workers run in a session of their own."""
     prefix = f"s{uuid.uuid4().hex[:8]}"
     aggregate_type = f"{prefix}order"
     bootstrap = kafka_services.bootstrap_servers
@@ -566,7 +569,10 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
         assert float(found["outbox_lake_events_total"]) >= 500
         assert 0 < float(found["outbox_lake_freshness_seconds"]) < 600
         assert float(found["outbox_lake_batch_seconds_count"]) >= 1
-        os.kill(job.pid, signal.SIGTERM)  # the driver only, as a container runtime does
+        if to_the_group:
+            os.killpg(job.pid, signal.SIGTERM)
+        else:
+            os.kill(job.pid, signal.SIGTERM)
         assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
         if job.poll() is None:

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox.core.lake_contract import payload_problems
-from outbox_lake.delta_sink import first_copies, typed_table_name
-from outbox_lake.typed_rows import plan_typed_rows
+from outbox_lake.names import typed_table_name
+from outbox_lake.spark_sink import decide_columns
+from outbox_lake.typed_rows import payload_columns, plan_typed_rows, type_batch
 
 
 def event(payload_text: str, **extra: Any) -> dict[str, Any]:
@@ -141,14 +142,50 @@ def test_distinct_types_get_distinct_tables(first: str, second: str) -> None:
         assert typed_table_name(first) != typed_table_name(second)
 
 
-def test_the_copy_with_the_lowest_offset_is_kept() -> None:
-    table = pa.table(
-        {
-            "event_id": ["b", "a", "b", "a", "c"],
-            "topic": ["t"] * 5,
-            "partition": [0] * 5,
-            "offset": [9, 7, 3, 8, 1],
-        }
-    )
-    kept = first_copies(table).to_pylist()
-    assert [(row["event_id"], row["offset"]) for row in kept] == [("c", 1), ("b", 3), ("a", 7)]
+def test_a_batch_columns_are_those_of_the_record_that_first_brought_each_field() -> None:
+    met = [
+        (("t", 0, 9), "total", "double"),
+        (("t", 0, 3), "total", "long"),
+        (("t", 0, 5), "Total", "long"),
+        (("t", 1, 0), "coupon", "string"),
+        (("t", 0, 1), "EVENT_ID", "string"),
+    ]
+    assert decide_columns({"customer": "string"}, met) == {
+        "customer": "string",
+        "total": "long",
+        "coupon": "string",
+    }
+    assert decide_columns({"Total": "double"}, met)["Total"] == "double"
+    assert "total" not in decide_columns({"Total": "double"}, met)
+
+
+def test_each_payload_names_the_columns_it_would_bring() -> None:
+    assert payload_columns('{"a": 1, "b": 1.5, "c": "x", "d": true, "e": [1], "f": null}') == [
+        ("a", "long"),
+        ("b", "double"),
+        ("c", "string"),
+        ("d", "boolean"),
+        ("e", "string"),
+    ]
+    assert payload_columns("[1, 2]") is None
+    assert payload_columns('{"x": 1e400}') is None
+    assert payload_columns('{"Total": 1, "total": 2}') is None
+
+
+def test_typing_on_the_executors_sets_aside_only_the_rows_that_do_not_fit() -> None:
+    columns = {"total": "double", "customer": "string"}
+    rows = [
+        event('{"total": 3, "customer": "c"}', topic="t", partition=0, offset=1),
+        event('{"total": "lots"}', topic="t", partition=0, offset=2, raw_key=b"k", raw_value=b"v"),
+        event('{"Customer": "x"}', topic="t", partition=0, offset=3),
+        event('{"coupon": "new"}', topic="t", partition=0, offset=4),
+        event("[1]", topic="t", partition=0, offset=5),
+    ]
+    typed = type_batch(rows, columns, "aggregate_order").to_pylist()
+    assert typed[0]["_reason"] is None and typed[0]["total"] == 3.0
+    reasons = [row["_reason"] for row in typed]
+    assert "'total' is string here but double" in reasons[1]
+    assert (typed[1]["_key"], typed[1]["_value"], typed[1]["_offset"]) == (b"k", b"v", 2)
+    assert "differs only in case from the column 'customer'" in reasons[2]
+    assert "'coupon' has no column" in reasons[3]
+    assert "not a JSON object" in reasons[4]
