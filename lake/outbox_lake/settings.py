@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,6 +48,10 @@ class LakeSettings(BaseSettings):
     metrics_address: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
     spark_jars: str = ""
     spark_packages: str = ""
+    end_offsets: Literal["scan", "broker"] = "scan"
+    """Not used by the lake job (Spark's Kafka source reads committed records to the broker's
+    end): only ``outbox reconcile``'s Kafka reader (reconcile/outbox_reconcile/kafka_reader.py)
+    still reads it, until its own settings take it over."""
 
     @field_validator("topic_pattern")
     @classmethod
