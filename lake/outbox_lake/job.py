@@ -116,8 +116,6 @@ def kafka_options(settings: LakeSettings, bootstrap_servers: str) -> dict[str, s
         "includeHeaders": "true",
         "failOnDataLoss": str(settings.fail_on_data_loss).lower(),
         # A broker that does not answer for a while is waited for, not data loss.
-        "fetchOffset.numRetries": "30",
-        "fetchOffset.retryIntervalMs": "1000",
         "kafka.request.timeout.ms": "30000",
         "kafka.default.api.timeout.ms": "120000",
     }

@@ -10,9 +10,12 @@ progress, :mod:`outbox_lake.offsets`) and the quarantine id of a record set asid
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
+import sys
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -193,18 +196,38 @@ def parse_raw(record: dict[str, Any]) -> dict[str, Any]:
     row = parse_one(topic, partition, offset, key, value, headers)
     row["fingerprint"] = fingerprint(_timestamp_ms(record["timestamp"]), key, value, headers)
     if row["kind"] == "event":
-        row["fields"] = [
-            {"name": name, "kind": kind} for name, kind in payload_columns(row["payload"]) or ()
-        ]
+        with recursion_limit(TYPING_RECURSION_LIMIT):  # as the typing itself will
+            columns = payload_columns(row["payload"]) or ()
+        row["fields"] = [{"name": name, "kind": kind} for name, kind in columns]
     else:
         row["quarantine_id"] = record_quarantine_id(topic, partition, offset, key, value)
     return row
 
 
+@contextlib.contextmanager
+def recursion_limit(limit: int) -> Iterator[None]:
+    """Python's recursion limit set to ``limit`` for a while: how deeply nested a JSON text
+    the parser reads, whatever the depth of the worker's stack it runs in."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, len(inspect.stack(0)) + 50))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+PARSE_RECURSION_LIMIT = 4000
+"""A record's JSON is read up to about this depth (deeper: quarantine, "nested too deeply")."""
+TYPING_RECURSION_LIMIT = 1000
+"""A payload is typed up to about this depth (deeper: its typed row is set aside)."""
+
+
 def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
     """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out."""
     for batch in batches:
-        yield parsed_record_batch([parse_raw(record) for record in batch.to_pylist()])
+        with recursion_limit(PARSE_RECURSION_LIMIT):
+            rows = [parse_raw(record) for record in batch.to_pylist()]
+        yield parsed_record_batch(rows)
 
 
 def parsed_record_batch(rows: list[dict[str, Any]]) -> Any:

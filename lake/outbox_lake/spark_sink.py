@@ -38,7 +38,12 @@ from outbox_lake.metrics import LakeMetrics
 from outbox_lake.names import typed_table_name
 from outbox_lake.offsets import Partition
 from outbox_lake.progress import ProgressStore
-from outbox_lake.records import PARSED_SCHEMA, parse_batch
+from outbox_lake.records import (
+    PARSED_SCHEMA,
+    TYPING_RECURSION_LIMIT,
+    parse_batch,
+    recursion_limit,
+)
 from outbox_lake.settings import LakeSettings
 from outbox_lake.tables import EVENTS_TABLE, QUARANTINE_TABLE, TYPED_BASE, Table
 from outbox_lake.typed_rows import type_batch, typed_batch_schema
@@ -231,7 +236,8 @@ class SparkDeltaSink:
 
         def typing(batches: Iterable[Any]) -> Iterator[Any]:
             for batch in batches:
-                typed = type_batch(batch.to_pylist(), columns, name)
+                with recursion_limit(TYPING_RECURSION_LIMIT):
+                    typed = type_batch(batch.to_pylist(), columns, name)
                 rejected.add(typed.num_rows - typed.column("_reason").null_count)
                 yield typed
 

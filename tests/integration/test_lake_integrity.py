@@ -339,11 +339,12 @@ def test_typed_tables_of_types_with_alike_names_never_share_or_drop_rows(
     kafka_services: KafkaServices, tmp_path: Path
 ) -> None:
     prefix = f"t{uuid.uuid4().hex[:8]}"
+    # (Not both 'order.v2' and 'order_v2': Apache Kafka refuses topics that differ only by
+    # '.' against '_', the relay's topic registry refuses such types before.)
     types = [
         f"{prefix}Order",
         f"{prefix}order",
         f"{prefix}order.v2",
-        f"{prefix}order_v2",
         f"{prefix}order-v2",
     ]
     records = [contract_record(t, json.dumps({"n": n, "type": t})) for t in types for n in range(3)]
