@@ -25,9 +25,8 @@ from deltalake import DeltaTable
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from benchmarks._shared import postgres_and_broker
-from benchmarks.lake_ingest import produce
+from benchmarks.lake_ingest import lake_settings, produce
 from outbox_lake.job import run_ingest, spark_session
-from outbox_lake.settings import LakeSettings
 from outbox_stack.spark_cluster import SparkCluster
 
 
@@ -40,7 +39,7 @@ def produce_on_partitions(bootstrap: str, aggregate_type: str, events: int) -> N
 
 
 def rate(master: str, root: Path, bootstrap: str, aggregate_type: str, events: int) -> float:
-    settings = LakeSettings(
+    settings = lake_settings(
         root=str(root),
         topic_pattern=rf"^outbox\.event\.{aggregate_type}$",
         spark_master=master,

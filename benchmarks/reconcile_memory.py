@@ -37,12 +37,14 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 import outbox_migrations
 from outbox.core.contract import headers_for, topic_for
-from outbox_lake.delta_sink import EVENTS, EVENTS_SCHEMA, typed_table_name
+from outbox_lake.names import typed_table_name
 from outbox_lake.progress import app_id
+from outbox_lake.tables import EVENTS, EVENTS_TABLE
 from outbox_lake.typed_rows import TYPED_BASE
 from outbox_stack import PostgresCluster, StackSettings
 from outbox_stack.broker import TansuBroker
 
+EVENTS_SCHEMA = EVENTS_TABLE.arrow_schema()
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = 4
 PARTITIONS = 2

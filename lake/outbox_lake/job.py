@@ -342,15 +342,18 @@ def run_ingest(
     *,
     available_now: bool,
     spark: Any = None,
+    sink: Any = None,
 ) -> None:
-    """Run the query: until caught up (``available_now``), or until stopped."""
+    """Run the query: until caught up (``available_now``), or until stopped. ``sink``: a
+    ``foreachBatch`` callable instead of the lake's (a benchmark's baseline)."""
     own_session = spark is None
     spark = spark or spark_session(settings)
     metrics = LakeMetrics()
     store = ProgressStore(settings)
-    sink = SparkDeltaSink(settings, metrics, store)
-    guard = LogGuard(spark, settings, bootstrap_servers, store, sink)
-    sink.before_write = guard.before_batch
+    batch_sink = sink
+    lake = SparkDeltaSink(settings, metrics, store)
+    guard = LogGuard(spark, settings, bootstrap_servers, store, lake)
+    lake.before_write = guard.before_batch
     server = _serve_metrics(settings, metrics)
     stop = _StopOnSignal()
     lag = _Lag(bootstrap_servers, metrics)
@@ -359,7 +362,7 @@ def run_ingest(
         writer = (
             read_stream(spark, settings, bootstrap_servers, starting)
             .writeStream.queryName(settings.query_name.replace("-", "_"))
-            .foreachBatch(sink.write_batch)
+            .foreachBatch(batch_sink if batch_sink is not None else lake.write_batch)
             .option("checkpointLocation", settings.checkpoint)
         )
         if available_now:
