@@ -100,7 +100,7 @@ def spark_session(settings: LakeSettings) -> Any:
     if settings.spark_packages:
         conf.set("spark.jars.packages", settings.spark_packages)
     if SparkContext._gateway is None:
-        gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+        gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
         SparkContext._ensure_initialized(gateway=gateway, conf=conf)
     spark = SparkSession.builder.config(conf=conf).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
