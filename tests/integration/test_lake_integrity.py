@@ -436,9 +436,7 @@ def forget_topic_ids(root: Path) -> None:
     progress = DeltaTable(str(root / "_progress")).to_pyarrow_table()
     assert all(progress.column("topic_id").to_pylist()), "the lake recorded the topic's id"
     index = progress.schema.get_field_index("topic_id")
-    cleared = progress.set_column(
-        index, "topic_id", pa.nulls(progress.num_rows, pa.string())
-    )
+    cleared = progress.set_column(index, "topic_id", pa.nulls(progress.num_rows, pa.string()))
     write_deltalake(str(root / "_progress"), cleared, mode="overwrite")
 
 
