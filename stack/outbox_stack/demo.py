@@ -144,6 +144,12 @@ class DemoPipeline:
             "OUTBOX_LAKE_TOPIC_PATTERN": settings.topic_pattern,
             "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.stack.bootstrap_servers,
         }
+        if not settings.spark_jars and not settings.spark_packages:
+            # Spark's Kafka source and Delta's writer, from the stack's own download cache.
+            from outbox_stack.artifacts import spark_extra_jars
+
+            jars = spark_extra_jars(self.stack_settings.downloads_root)
+            env["OUTBOX_LAKE_SPARK_JARS"] = ",".join(map(str, jars))
         self.ingest.home.mkdir(parents=True, exist_ok=True)
         log_file = self.ingest.log_file
         offset = log_file.stat().st_size if log_file.exists() else 0
