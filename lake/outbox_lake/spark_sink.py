@@ -193,7 +193,11 @@ class SparkDeltaSink:
                         ids=_id_range(shape),
                         batch_id=batch_id,
                     )
-                self.metrics.events.inc(shape.events)
+                landed = _rows_inserted(self.settings.table_uri(EVENTS_TABLE.name))
+                if landed is None:
+                    landed = shape.events
+                self.metrics.events.inc(landed)
+                self.metrics.duplicates.inc(max(0, shape.events - landed))
                 if shape.newest_event_time is not None:
                     self.metrics.saw_events(shape.newest_event_time)
         finally:
@@ -329,7 +333,7 @@ class SparkDeltaSink:
 
         key = "event_id" if table is None else table.key
         by_day = True if table is None else table.by_day
-        if table is not None and _table_columns(uri)[0] is None and not _exists(uri):
+        if table is not None and not _exists(uri):
             _create_table(uri, table.arrow_schema(), by_day=by_day, owner=None)
         condition = f"t.`{key}` = s.`{key}`"
         low, high = ids
@@ -496,6 +500,18 @@ def _table_columns(uri: str) -> tuple[str | None, dict[str, str]]:
         kind = getattr(column.type, "type", None)
         columns[column.name] = _DELTA_KINDS.get(str(kind), "string")
     return table.metadata().name or "", columns
+
+
+def _rows_inserted(uri: str) -> int | None:
+    """The rows the table's last commit inserted (its MERGE's own count), when it says."""
+    from deltalake import DeltaTable
+
+    try:
+        last = DeltaTable(uri).history(1)[0]
+        inserted = (last.get("operationMetrics") or {}).get("numTargetRowsInserted")
+        return None if inserted is None else int(inserted)
+    except Exception:  # a metric must never fail a batch
+        return None
 
 
 def _typed_arrow_schema(schema: Any) -> Any:
