@@ -74,7 +74,7 @@ def test_a_header_name_that_is_not_utf8_stops_nothing(
 def test_transactions_commits_and_aborts_neither_halt_nor_skip(
     kafka_services: KafkaServices, tmp_path: Path
 ) -> None:
-    """Batches of three offsets: many end on a transaction marker or an aborted record."""
+    """Batches of five offsets: many end on a transaction marker or an aborted record."""
     prefix = f"x{uuid.uuid4().hex[:8]}"
     aggregate_type = f"{prefix}order"
     bootstrap = kafka_services.bootstrap_servers
@@ -84,7 +84,7 @@ def test_transactions_commits_and_aborts_neither_halt_nor_skip(
     producer.init_transactions()
     committed, aborted = [], []
     try:
-        for n in range(12):
+        for n in range(8):
             batch = [
                 contract_record(aggregate_type, json.dumps({"n": n, "i": i}))
                 for i in range(n % 3 + 1)
@@ -103,7 +103,7 @@ def test_transactions_commits_and_aborts_neither_halt_nor_skip(
     finally:
         producer.close()
     root = tmp_path / "lake"
-    env = env_for(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="3")
+    env = env_for(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="5")
     ingested(env)
     ids = [row["event_id"] for row in rows(root, "events")]
     expected = {str(uuid.UUID(dict(r.headers)["id"].decode())) for r in committed}
