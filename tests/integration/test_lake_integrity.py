@@ -13,6 +13,7 @@ import threading
 import urllib.request
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -583,3 +584,65 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
     ingested(env)
     ids = [row["event_id"] for row in rows(root, "events")]
     assert len(ids) == len(set(ids)) == 6000
+
+
+# -- a lake of an earlier release ------------------------------------------------------------
+
+
+def test_a_lake_of_the_earlier_release_continues_where_its_tables_stand(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    """Tables written by the driver-side writer (progress as the events table's application
+    transactions) and a checkpoint of our old Python source: the job moves the checkpoint
+    aside and goes on from the tables' progress, not from the topic's start."""
+    from deltalake import CommitProperties, Transaction
+
+    from outbox_lake.tables import EVENTS_TABLE
+
+    prefix = f"g{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}order"
+    topic = topic_for(aggregate_type)
+    bootstrap = kafka_services.bootstrap_servers
+    records = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(20)]
+    sent = send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
+    assert {m.partition for m in sent} == {0}
+    root = tmp_path / "lake"
+    # The old lake holds 5 of the first 10 events and says it has read offsets 0 to 9.
+    ids = [str(uuid.UUID(dict(r.headers)["id"].decode())) for r in records]
+    now = datetime.now(UTC)
+    old_rows = [
+        {
+            "event_id": ids[n],
+            "aggregate_type": aggregate_type,
+            "aggregate_id": "1",
+            "event_type": "Happened",
+            "payload": json.dumps({"n": n}),
+            "headers": "{}",
+            "traceparent": "",
+            "position": 1,
+            "event_time": now,
+            "event_date": now.date(),
+            "topic": topic,
+            "partition": 0,
+            "offset": n,
+            "ingest_time": now,
+        }
+        for n in range(5)
+    ]
+    write_deltalake(
+        str(root / "events"),
+        pa.Table.from_pylist(old_rows, schema=EVENTS_TABLE.arrow_schema()),
+        partition_by=["event_date"],
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(f"outbox-lake:{topic}:0", 10)]
+        ),
+    )
+    offsets = root / "_checkpoints" / "outbox-lake-ingest" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text("v1\n{}\n" + json.dumps({topic: {"0": 10}}) + "\n")
+
+    ingested(env_for(root, prefix, bootstrap))
+    landed = [row["event_id"] for row in rows(root, "events")]
+    assert len(landed) == len(set(landed)) == 15
+    assert set(landed) == set(ids[:5]) | set(ids[10:])
+    assert list((root / "_checkpoints").glob("outbox-lake-ingest.python-source-*"))
