@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import sys
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -188,20 +187,24 @@ def _timestamp_ms(moment: Any) -> int:
 
 def parse_raw(record: dict[str, Any]) -> dict[str, Any]:
     """One row of Spark's Kafka source (``key``, ``value``, ``topic``, ``partition``,
-    ``offset``, ``timestamp``, ``headers``) as a parsed row with its fields, fingerprint and
-    (when set aside) quarantine id. Never raises."""
+    ``offset``, ``timestamp``, ``headers``) as a parsed row with its fingerprint and (when set
+    aside) quarantine id; :func:`with_fields` adds an event's payload fields. Never raises."""
     headers = [(h["key"], h["value"]) for h in (record["headers"] or [])]
     topic, partition, offset = record["topic"], record["partition"], record["offset"]
     key, value = record["key"], record["value"]
     row = parse_one(topic, partition, offset, key, value, headers)
     row["fingerprint"] = fingerprint(_timestamp_ms(record["timestamp"]), key, value, headers)
-    if row["kind"] == "event":
-        with recursion_limit(TYPING_RECURSION_LIMIT):  # as the typing itself will
-            columns = payload_columns(row["payload"]) or ()
-        row["fields"] = [{"name": name, "kind": kind} for name, kind in columns]
-    else:
+    if row["kind"] != "event":
         row["quarantine_id"] = record_quarantine_id(topic, partition, offset, key, value)
     return row
+
+
+def _depth() -> int:
+    """How many frames the caller's stack holds (cheap: no source lookups)."""
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1  # type: ignore[assignment]
+    return depth
 
 
 @contextlib.contextmanager
@@ -209,7 +212,7 @@ def recursion_limit(limit: int) -> Iterator[None]:
     """Python's recursion limit set to ``limit`` for a while: how deeply nested a JSON text
     the parser reads, whatever the depth of the worker's stack it runs in."""
     before = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, len(inspect.stack(0)) + 50))
+    sys.setrecursionlimit(max(limit, _depth() + 50))
     try:
         yield
     finally:
@@ -222,11 +225,21 @@ TYPING_RECURSION_LIMIT = 1000
 """A payload is typed up to about this depth (deeper: its typed row is set aside)."""
 
 
+def with_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """An event row with the payload fields (name, kind) it would bring to a typed table."""
+    if row["kind"] == "event":
+        columns = payload_columns(row["payload"]) or ()
+        row["fields"] = [{"name": name, "kind": kind} for name, kind in columns]
+    return row
+
+
 def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
     """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out."""
     for batch in batches:
         with recursion_limit(PARSE_RECURSION_LIMIT):
             rows = [parse_raw(record) for record in batch.to_pylist()]
+        with recursion_limit(TYPING_RECURSION_LIMIT):  # as the typing itself will
+            rows = [with_fields(row) for row in rows]
         yield parsed_record_batch(rows)
 
 
