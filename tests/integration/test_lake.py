@@ -98,7 +98,9 @@ def test_events_land_exactly_once_with_typed_tables_and_quarantine(
         relay_bench.kafka.bootstrap_servers, topic_for(order), lambda r: len(r) >= 21
     )
     for record in records:
-        producer.send(record.topic, key=record.key, value=record.value, headers=record.headers)
+        producer.send(
+            record.topic, key=record.key, value=record.value, headers=list(record.headers)
+        )
     producer.flush()
     producer.close()
     later = [
@@ -253,7 +255,9 @@ def test_every_sql_example_of_the_analysts_guide_runs_on_a_lake_the_job_filled(
             traceparent="",
             position=n,
         )
-        producer.send(record.topic, key=record.key, value=record.value, headers=record.headers)
+        producer.send(
+            record.topic, key=record.key, value=record.value, headers=list(record.headers)
+        )
     producer.send("outbox.event.order", key=b"x", value=b"{not json")
     producer.flush()
     producer.close()
