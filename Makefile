@@ -31,7 +31,7 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
-## test-broker: the broker conformance suite, on both local engines or on your own cluster:
+## test-broker: the broker conformance suite, on the local Apache Kafka or on your own cluster:
 ## `make test-broker OUTBOX_KAFKA_BOOTSTRAP_SERVERS=host:port`
 test-broker: $(STAMP)
 	$(BIN)/pytest tests/broker $(PYTEST_ARGS)
