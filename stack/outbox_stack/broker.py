@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -211,6 +212,14 @@ class KafkaBroker:
             self.process.is_running(), self.process.pid(), self.bootstrap_servers, self.data_dir
         )
 
+    def _listening(self) -> bool:
+        host, _, port = self.bootstrap_servers.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return True
+        except OSError:
+            return False
+
     def wait_until_ready(self) -> None:
         from kafka import KafkaAdminClient
         from kafka.errors import KafkaError
@@ -223,6 +232,9 @@ class KafkaBroker:
                     f"the broker exited during start-up; see {self.process.log_file}:\n"
                     + "\n".join(self.process.tail(20))
                 )
+            if not self._listening():
+                time.sleep(0.2)  # the JVM is still starting: a client now would only log errors
+                continue
             try:
                 admin = KafkaAdminClient(
                     bootstrap_servers=self.bootstrap_servers,

@@ -237,8 +237,14 @@ class DemoPipeline:
         return order_report(self.lake_settings, self._since(), ORDER_TYPE)
 
     def log_files(self) -> list[tuple[str, Path]]:
+        broker = (
+            [("Apache Kafka", self.stack.broker.process.log_file)]
+            if self.stack.broker is not None
+            else []
+        )
         return [
             ("lake job (Spark)", self.ingest.log_file),
+            *broker,
             ("Kafka Connect", self.stack.connect.process.log_file),
             ("PostgreSQL", self.stack.postgres.log_file),
         ]
