@@ -2,6 +2,10 @@
 
 Every statement names one step by its key ``(consumer, event_id, effect)``; the operator's
 decisions apply only to a step in ``needs_decision`` and return nothing otherwise.
+
+While a step is ``started``, its ``updated_at`` is when its current attempt began: it is set
+(``clock_timestamp()``) by the insert and by ``restart_step``, and every other statement
+that changes a started step moves it out of ``started``. The settle time is measured from it.
 """
 
 from __future__ import annotations
@@ -46,9 +50,11 @@ class EffectStatements:
 
     @cached_property
     def lock_step(self) -> str:
-        """The step, locked until the transaction ends (waits for a call in progress)."""
+        """The step, locked until the transaction ends (waits for a call in progress), with
+        when its current attempt began and the database's time now (for the settle time)."""
         return (
-            f"SELECT state, attempt, reference, reason, context FROM {self._table}\n"
+            f"SELECT state, attempt, reference, reason, context, updated_at, clock_timestamp()\n"
+            f"FROM {self._table}\n"
             f"WHERE {_STEP}\n"
             f"FOR UPDATE"
         )
