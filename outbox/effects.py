@@ -150,8 +150,16 @@ class _EffectsBase:
         return [row[0] for row in rows]
 
     def _delete_expired(self, older_than: timedelta | None) -> Generator[Statement, Rows, int]:
-        window = older_than if older_than is not None else self.settings.inbox_retention
-        return delete_expired(self._statements.delete_expired_done, window)
+        """Checked at once (before any transaction); the deletion runs when driven."""
+        keep = self.settings.effect_retention
+        if older_than is not None and older_than < keep:
+            raise EffectError(
+                f"older_than={older_than} is shorter than done steps must be kept ({keep}: "
+                "the longer of OUTBOX_INBOX_RETENTION and OUTBOX_DEAD_LETTER_RETENTION): a "
+                "redelivery or a dead letter replayed after its step is gone would call the "
+                "third party again"
+            )
+        return delete_expired(self._statements.delete_expired_done, older_than or keep)
 
 
 class Effects(_EffectsBase):
@@ -216,9 +224,13 @@ class Effects(_EffectsBase):
         ]
 
     def delete_expired(self, older_than: timedelta | None = None) -> int:
-        """Delete *done* steps older than ``OUTBOX_INBOX_RETENTION``; never the others."""
+        """Delete *done* steps older than ``settings.effect_retention`` (the longer of
+        ``OUTBOX_INBOX_RETENTION`` and ``OUTBOX_DEAD_LETTER_RETENTION``; ``older_than`` may
+        only lengthen it), except those whose event has a consumer dead letter; never the
+        others."""
+        deletion = self._delete_expired(older_than)
         with self._begin() as transaction:
-            return drive(self._delete_expired(older_than), sync_executor(transaction))
+            return drive(deletion, sync_executor(transaction))
 
     def _run(
         self,
@@ -320,11 +332,10 @@ class AsyncEffects(_EffectsBase):
         ]
 
     async def delete_expired(self, older_than: timedelta | None = None) -> int:
-        """Delete *done* steps older than ``OUTBOX_INBOX_RETENTION``; never the others."""
+        """Delete expired *done* steps (see :meth:`Effects.delete_expired`)."""
+        deletion = self._delete_expired(older_than)
         async with self._begin() as transaction:
-            return await drive_async(
-                self._delete_expired(older_than), await async_executor(transaction)
-            )
+            return await drive_async(deletion, await async_executor(transaction))
 
     async def _run(
         self,

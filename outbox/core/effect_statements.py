@@ -149,9 +149,15 @@ class EffectStatements:
 
     @cached_property
     def delete_expired_done(self) -> str:
-        """Done steps older than the window; started and parked steps are never deleted."""
+        """Done steps older than the window; started and parked steps are never deleted, nor
+        a done step whose event has a consumer dead letter still kept (its replay, however
+        late, must find the step done rather than call again)."""
         return (
-            f"DELETE FROM {self._table}\n"
-            f"WHERE state = 'done'\n"
-            f"  AND updated_at < clock_timestamp() - make_interval(secs => %(window_seconds)s)"
+            f"DELETE FROM {self._table} AS step\n"
+            f"WHERE step.state = 'done'\n"
+            f"  AND step.updated_at\n"
+            f"      < clock_timestamp() - make_interval(secs => %(window_seconds)s)\n"
+            f"  AND NOT EXISTS (\n"
+            f"    SELECT 1 FROM {self.tables.qualified_inbox_dead_letter} AS letter\n"
+            f"    WHERE letter.event_id = step.event_id)"
         )

@@ -289,6 +289,17 @@ def test_concurrent_performers_of_one_step_call_once(engine: sa.Engine) -> None:
     assert all(o.done for o in outcomes) and sum(o.called for o in outcomes) == 1
 
 
+def age_steps(engine: sa.Engine, consumer: str, age: timedelta) -> None:
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "UPDATE outbox.outbox_inbox_effect SET updated_at = now() - :age "
+                "WHERE consumer = :c"
+            ),
+            {"c": consumer, "age": age},
+        )
+
+
 def test_done_steps_expire_and_parked_ones_stay(engine: sa.Engine) -> None:
     ledger = Effects(consumer=name(), begin=engine.begin)
     provider = Provider()
@@ -296,16 +307,41 @@ def test_done_steps_expire_and_parked_ones_stay(engine: sa.Engine) -> None:
     ledger.perform(done, "charge", provider.charge)
     cut_short(ledger, parked, provider, after_call=False)
     ledger.perform(parked, "charge", provider.charge)
-    with engine.begin() as connection:
-        connection.execute(
-            sa.text(
-                "UPDATE outbox.outbox_inbox_effect SET updated_at = now() - interval '30 days' "
-                "WHERE consumer = :c"
-            ),
-            {"c": ledger.consumer},
-        )
+    age_steps(engine, ledger.consumer, ledger.settings.effect_retention + timedelta(hours=1))
     assert ledger.delete_expired() == 1
     assert state_of(engine, ledger.consumer, parked)[0] == "needs_decision"
+
+
+def test_a_done_step_outlives_inbox_claims_and_its_events_dead_letter(
+    engine: sa.Engine,
+) -> None:
+    """Issue 22: done steps went after 7 days, dead letters after 30: a dead letter replayed
+    in between charged again. The step now lives as long as dead letters are kept (30 days,
+    derived), and never goes while its event's dead letter is still there."""
+    ledger = Effects(consumer=name(), begin=engine.begin)
+    provider = Provider()
+    lettered, plain = str(uuid.uuid4()), str(uuid.uuid4())
+    for event_id in (lettered, plain):
+        ledger.perform(event_id, "charge", provider.charge)
+    # A week and a day: past the inbox's retention, not the dead letters'.
+    age_steps(engine, ledger.consumer, timedelta(days=8))
+    assert ledger.delete_expired() == 0
+    with engine.begin() as connection:  # the handler failed after the charge: a dead letter
+        connection.execute(
+            sa.text(
+                "INSERT INTO outbox.outbox_inbox_dead_letter (consumer, topic, partition, "
+                '"offset", event_id, headers, reason, attempts) VALUES '
+                "(:c, 't', 0, 1, :e, '[]', 'the handler failed after the charge', 5)"
+            ),
+            {"c": ledger.consumer, "e": lettered},
+        )
+    age_steps(engine, ledger.consumer, timedelta(days=45))  # a longer dead-letter retention
+    assert ledger.delete_expired() == 1
+    assert state_of(engine, ledger.consumer, lettered)[0] == "done"
+    replayed = ledger.perform(lettered, "charge", provider.charge)  # the late replay
+    assert replayed.done and not replayed.called and sum(provider.calls.values()) == 2
+    with pytest.raises(EffectError, match="OUTBOX_DEAD_LETTER_RETENTION"):
+        ledger.delete_expired(older_than=timedelta(days=7))
 
 
 def test_metrics_count_and_age_the_steps_needing_a_decision(engine: sa.Engine) -> None:

@@ -346,3 +346,32 @@ def test_a_bad_settle_time_or_wait_is_refused_by_name(
     )
     with pytest.raises(EffectError, match=f"{field}=.*timedelta"):
         next(op)
+
+
+def test_done_steps_are_kept_as_long_as_dead_letters_and_inbox_claims(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 22: done steps went after 7 days while dead letters stay 30: a late replay of a
+    dead letter called the third party again. One is derived from the other now."""
+    from outbox.effects import Effects
+    from outbox.settings import OutboxSettings
+
+    settings = OutboxSettings()
+    assert settings.dead_letter_retention == timedelta(days=30)
+    assert settings.effect_retention >= settings.dead_letter_retention
+    assert settings.effect_retention >= settings.inbox_retention
+    monkeypatch.setenv("OUTBOX_DEAD_LETTER_RETENTION", "P90D")
+    monkeypatch.setenv("OUTBOX_INBOX_RETENTION", "86400")
+    assert OutboxSettings().effect_retention == timedelta(days=90)
+    monkeypatch.setenv("OUTBOX_INBOX_RETENTION", str(100 * 86400))
+    assert OutboxSettings().effect_retention == timedelta(days=100)
+    monkeypatch.setenv("OUTBOX_DEAD_LETTER_RETENTION", "0")
+    with pytest.raises(ValueError, match="dead_letter_retention"):
+        OutboxSettings()
+
+    def no_transaction() -> Any:
+        raise AssertionError("refused before any transaction")
+
+    ledger = Effects(consumer="payments", begin=no_transaction, settings=settings)
+    with pytest.raises(EffectError, match="OUTBOX_DEAD_LETTER_RETENTION"):
+        ledger.delete_expired(older_than=timedelta(days=7))
