@@ -15,7 +15,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from outbox.core.identifiers import validate_identifier
 from outbox.core.tables import OutboxTables
 
-__all__ = ["DatabaseSettings", "KafkaSettings", "OutboxSettings", "describe_validation_error"]
+__all__ = [
+    "DatabaseSettings",
+    "KafkaSettings",
+    "OutboxSettings",
+    "describe_validation_error",
+    "effect_retention",
+]
 
 PositiveDuration = Annotated[timedelta, Field(gt=timedelta(0))]
 
@@ -26,6 +32,12 @@ class OutboxSettings(BaseSettings):
     ``OUTBOX_SCHEMA_NAME``, ``OUTBOX_TABLE``, ``OUTBOX_DEDUP_TABLE``, ``OUTBOX_INBOX_TABLE`` and
     ``OUTBOX_PUBLICATION`` are plain SQL identifiers. ``OUTBOX_MAX_PAYLOAD_BYTES`` bounds one
     event's JSON payload. Durations accept seconds (``86400``) or ISO 8601 (``P1D``).
+
+    Retention: ``OUTBOX_DEDUP_WINDOW`` (a dedup key), ``OUTBOX_INBOX_RETENTION`` (an inbox
+    claim), ``OUTBOX_DEAD_LETTER_RETENTION`` (a relay or consumer dead letter). A *done* step
+    of the side-effect ledger is kept for :attr:`effect_retention`, derived from the last two
+    (the longer), so that a redelivery or a dead letter's replay, however late, finds it done
+    and does not call the third party again.
 
     ``OUTBOX_LAKE_CONTRACT``: what publishing does with a payload the lake's typed table would
     set aside (a field outside int64, names that differ only in case, a reserved name...):
@@ -44,6 +56,7 @@ class OutboxSettings(BaseSettings):
     max_payload_bytes: int = Field(default=1_000_000, gt=0, le=100_000_000)
     dedup_window: PositiveDuration = timedelta(hours=24)
     inbox_retention: PositiveDuration = timedelta(days=7)
+    dead_letter_retention: PositiveDuration = timedelta(days=30)
     lake_contract: Literal["off", "warn", "strict"] = "warn"
     lake_strict_types: frozenset[str] = frozenset()
 
@@ -52,7 +65,7 @@ class OutboxSettings(BaseSettings):
     def _plain_identifier(cls, value: str) -> str:
         return validate_identifier(value, field="the name")
 
-    @field_validator("dedup_window", "inbox_retention", mode="before")
+    @field_validator("dedup_window", "inbox_retention", "dead_letter_retention", mode="before")
     @classmethod
     def _seconds_or_iso(cls, value: object) -> object:
         """Environment values are text: accept '86400' (seconds) as well as 'P1D'."""
@@ -64,6 +77,11 @@ class OutboxSettings(BaseSettings):
         return value
 
     @property
+    def effect_retention(self) -> timedelta:
+        """How long a *done* ledger step is kept: as long as inbox claims and dead letters."""
+        return effect_retention(self.inbox_retention, self.dead_letter_retention)
+
+    @property
     def tables(self) -> OutboxTables:
         return OutboxTables(
             schema=self.schema_name,
@@ -72,6 +90,12 @@ class OutboxSettings(BaseSettings):
             inbox=self.inbox_table,
             publication=self.publication,
         )
+
+
+def effect_retention(inbox_retention: timedelta, dead_letter_retention: timedelta) -> timedelta:
+    """A done step outlives what can bring its event back: an expired inbox claim (the event
+    is applied again) or a dead letter (replayed). Never a setting of its own to disagree."""
+    return max(inbox_retention, dead_letter_retention)
 
 
 class DatabaseSettings(BaseSettings):

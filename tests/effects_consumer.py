@@ -4,8 +4,9 @@ Settings from the environment: ``OUTBOX_DATABASE_URL``, ``EFFECTS_BOOTSTRAP``,
 ``EFFECTS_TOPIC``, ``EFFECTS_GROUP``, ``EFFECTS_PROVIDER`` (URL), ``EFFECTS_MODE`` (``inbox``:
 ``IdempotentConsumer`` from examples/outbox_examples/payment_effects.py; ``plain``: a bare Kafka
 loop that calls the ledger for every record, so every duplicate reaches it), ``EFFECTS_LOOKUP``
-(1/0), ``EFFECTS_CRASH_PLAN`` (``point:n,...`` with point ``before_call``, ``after_call`` or
-``after_done``, n the order number in the payload) and ``EFFECTS_CRASH_MARKS`` (a folder).
+(1/0), ``EFFECTS_SETTLE_SECONDS`` (the charge's settle time), ``EFFECTS_CRASH_PLAN``
+(``point:n,...`` with point ``before_call``, ``after_call`` or ``after_done``, n the order
+number in the payload) and ``EFFECTS_CRASH_MARKS`` (a folder).
 
 At a planned point the process SIGKILLs itself, once: a mark file says it already did.
 Released steps are performed at start-up, as examples/outbox_examples/payment_effects.py does. Runs
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -67,7 +69,8 @@ def main() -> None:
     env = os.environ
     engine = create_engine(env["OUTBOX_DATABASE_URL"])
     payment_effects.create_schema(engine)
-    client = CrashingClient(env["EFFECTS_PROVIDER"])
+    settle = timedelta(seconds=float(env.get("EFFECTS_SETTLE_SECONDS", "30")))
+    client = CrashingClient(env["EFFECTS_PROVIDER"], settle_after=settle)
     lookup = env.get("EFFECTS_LOOKUP") == "1"
     stop = threading.Event()
 
@@ -104,7 +107,10 @@ def main() -> None:
 
 def released(engine: Any, ledger: Effects, client: CrashingClient, lookup: bool) -> None:
     outcomes = ledger.perform_released(
-        payment_effects.EFFECT, client.charge, lookup=client.find if lookup else None
+        payment_effects.EFFECT,
+        client.charge,
+        lookup=client.find if lookup else None,
+        settle_after=client.settle_after,
     )
     payment_effects.record_released(engine, outcomes)
 

@@ -180,13 +180,18 @@ def relay_role(
 
 @app.command()
 def expire(
-    dead_letters_days: float = typer.Option(
-        30, "--dead-letters-days", min=0.01, help="Delete dead letters older than this."
+    dead_letters_days: float | None = typer.Option(
+        None,
+        "--dead-letters-days",
+        min=0.01,
+        help="Delete dead letters older than this (default: OUTBOX_DEAD_LETTER_RETENTION).",
     ),
     database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
     """Delete expired rows: dedup keys (OUTBOX_DEDUP_WINDOW), inbox claims
-    (OUTBOX_INBOX_RETENTION), dead letters (--dead-letters-days), heartbeat rows (1 hour).
+    (OUTBOX_INBOX_RETENTION), dead letters (OUTBOX_DEAD_LETTER_RETENTION, 30 days, or
+    --dead-letters-days), done side-effect steps (the longer of the inbox's and the dead
+    letters' retention), heartbeat rows (1 hour).
 
     Run it on a schedule (hourly, say) as the owner of the outbox objects.
     """
@@ -194,9 +199,8 @@ def expire(
 
     from outbox_migrations.retention import expire as expire_rows
 
+    dead_letters = None if dead_letters_days is None else timedelta(days=dead_letters_days)
     with _database(database_url) as (connection, settings):
-        deleted = expire_rows(
-            connection, settings=settings, dead_letters=timedelta(days=dead_letters_days)
-        )
+        deleted = expire_rows(connection, settings=settings, dead_letters=dead_letters)
     for table, count in deleted.items():
         typer.echo(f"{table}: {count} expired row(s) deleted")

@@ -3,10 +3,13 @@
 The provider's API is not ours and does not deduplicate
 (``examples/outbox_examples/payment_provider.py``). Each charge is a step of the side-effect ledger
 (``outbox.effects``): committed as started before the HTTP call, done with the provider's charge id
-after. A redelivered event skips a done charge; a charge cut short by a crash is looked up at the
-provider by its idempotency key (``--no-lookup``: parked for ``outbox effects list`` instead). The
-charge id is stored in the service's own table, in the inbox transaction. Run it beside the order
-service::
+after. A redelivered event skips a done charge; a charge cut short by a crash or a timeout is looked
+up at the provider by its idempotency key (``--no-lookup``: parked for ``outbox effects list``
+instead). The provider may still make a charge after our client gave up on it (5 s): its "not
+found" is believed only once the charge has *settled* (``--settle-seconds``, 30 s by default: the
+longest the provider may take to make and show a charge); a charge retried sooner waits, so a slow
+charge is never made twice. The charge id is stored in the service's own table, in the inbox
+transaction. Run it beside the order service::
 
     export OUTBOX_DATABASE_URL=postgresql+psycopg://...      # or: eval "$(outbox stack env)"
     export OUTBOX_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:59092
@@ -24,6 +27,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from datetime import timedelta
 from types import FrameType
 from typing import Any
 
@@ -62,13 +66,22 @@ def create_schema(engine: Engine) -> None:
 
 
 class ProviderClient:
-    """The provider's API, as the ledger's ``call`` and ``lookup`` (stdlib HTTP, 5 s timeout)."""
+    """The provider's API, as the ledger's ``call`` and ``lookup`` (stdlib HTTP, 5 s timeout).
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    ``settle_after`` is the charge effect's settle time: how long after a charge request is
+    sent the provider may still make it or not yet show it to ``find``. It is the provider's
+    processing time (which our timeout does not cut short) plus the lag of its lookup, with
+    margin; not our timeout.
+    """
+
+    def __init__(
+        self, url: str, timeout: float = 5.0, settle_after: timedelta = timedelta(seconds=30)
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--provider {url!r}: give an http:// or https:// URL")
         self.url = url.rstrip("/")  # only http(s): the urlopen calls below are safe (S310)
         self.timeout = timeout
+        self.settle_after = settle_after
 
     def charge(self, step: EffectStep) -> str:
         """POST the charge with the step's idempotency key; the provider's charge id."""
@@ -88,7 +101,7 @@ class ProviderClient:
         except urllib.error.URLError as error:
             if isinstance(error.reason, ConnectionRefusedError):  # never reached the provider
                 raise EffectNotPerformedError("the provider refused the connection") from error
-            raise  # a timeout: the request may have arrived
+            raise  # a timeout: the request may have arrived, and may yet be charged
 
     def find(self, step: EffectStep) -> LookupAnswer:
         """Ask the provider whether a charge with the step's key exists."""
@@ -118,6 +131,7 @@ def handler(
             client.charge,
             lookup=client.find if lookup else None,
             context={"order_id": event.aggregate_id, "amount": event.payload.get("total")},
+            settle_after=client.settle_after,  # "not found" sooner than this proves nothing
         )
         if outcome.done and outcome.reference is not None:
             session.merge(
@@ -129,6 +143,8 @@ def handler(
             )
         # Parked (outcome.needs_decision): nothing to store yet; the partition moves on and
         # an operator decides (`outbox effects list`, then `mark-done` or `release`).
+        # A charge that timed out makes the retry wait for it to settle (at most the
+        # ledger's max_wait, 30 s), then the provider is asked again.
 
     return apply
 
@@ -177,16 +193,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--provider", default="http://127.0.0.1:8099")
     parser.add_argument("--no-lookup", action="store_true", help="park cut-short charges")
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=30.0,
+        help="the longest the provider may take to make and show a charge (the settle time)",
+    )
     arguments = parser.parse_args()
     engine = create_engine(os.environ["OUTBOX_DATABASE_URL"])
     create_schema(engine)
     bootstrap = os.environ.get("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:59092")
-    client = ProviderClient(arguments.provider)
+    client = ProviderClient(
+        arguments.provider, settle_after=timedelta(seconds=arguments.settle_seconds)
+    )
     service, ledger = consumer(
         engine, bootstrap, arguments.provider, lookup=not arguments.no_lookup, client=client
     )
     # Charges an operator released (`outbox effects release`) are made again at start-up.
-    record_released(engine, ledger.perform_released(EFFECT, client.charge, lookup=client.find))
+    released = ledger.perform_released(
+        EFFECT, client.charge, lookup=client.find, settle_after=client.settle_after
+    )
+    record_released(engine, released)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:

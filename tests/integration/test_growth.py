@@ -98,9 +98,15 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
             connection.execute(
                 "INSERT INTO outbox.outbox_heartbeat (beat) VALUES (now() - %s::interval)", (age,)
             )
-        # effect steps: done 8 days ago goes; done a day ago, and parked long ago, stay
+        # effect steps: done 31 days ago goes; done 8 days ago stays (as long as dead letters
+        # do), and so do one done long ago whose event has a dead letter and a parked one
         for n, (state, age) in enumerate(
-            (("done", "8 days"), ("done", "1 day"), ("needs_decision", "40 days"))
+            (
+                ("done", "31 days"),
+                ("done", "8 days"),
+                ("done", "40 days"),
+                ("needs_decision", "40 days"),
+            )
         ):
             connection.execute(
                 "INSERT INTO outbox.outbox_inbox_effect (consumer, event_id, effect, "
@@ -109,6 +115,11 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
                 "now() - %s::interval)",
                 (f"e{n}", state, age, age),
             )
+        connection.execute(
+            "INSERT INTO outbox.outbox_inbox_dead_letter (consumer, topic, partition, "
+            '"offset", event_id, headers, reason, attempts, failed_at) VALUES '
+            "('c', 't', 0, 9, 'e2', '[]', 'r', 1, now() - interval '1 day')"
+        )
         connection.commit()
     result = run_outbox("db", "expire", env={"OUTBOX_DATABASE_URL": empty_database.url})
     assert result.returncode == 0, result.stderr
@@ -123,7 +134,7 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
         assert f"{table}: 1 expired row(s) deleted" in result.stdout
         with empty_database.connect() as connection:
             left = connection.execute(f"SELECT count(*) FROM outbox.{table}").fetchone()
-        kept = 2 if table == "outbox_inbox_effect" else 1  # a parked step is never deleted
+        kept = {"outbox_inbox_effect": 3, "outbox_inbox_dead_letter": 2}.get(table, 1)
         assert left == (kept,), f"{table}: the live rows must stay"
 
 
