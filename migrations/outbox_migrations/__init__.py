@@ -83,10 +83,12 @@ def grant_publisher(
 ) -> None:
     """Grant ``role`` what publishing needs, and nothing more.
 
-    It may insert events (not read or change them), draw positions, and use dedup keys.
+    It may insert events (not read or change them), draw positions, and use dedup keys:
+    write a key and its event id, never its owner or time (the server's: outbox_0007).
     """
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
+    dedup = tables.qualified_dedup
     _execute(
         connection,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
@@ -94,7 +96,11 @@ def grant_publisher(
         # Only the event id can be read back: publishes with dedup keys return inserted ids.
         f"GRANT SELECT (id) ON {tables.qualified_outbox} TO {grantee}",
         f"GRANT USAGE ON SEQUENCE {tables.qualified_position_sequence} TO {grantee}",
-        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables.qualified_dedup} TO {grantee}",
+        # Whole-row INSERT and UPDATE, as granted before outbox_0007, go (with the columns').
+        f"REVOKE INSERT, UPDATE ON {dedup} FROM {grantee}",
+        f"GRANT SELECT, DELETE ON {dedup} TO {grantee}",
+        f"GRANT INSERT (dedup_key, event_id), UPDATE (event_id, created_at) ON {dedup} "
+        f"TO {grantee}",
     )
 
 
