@@ -1,4 +1,5 @@
-"""Dedup keys owned by the server.
+"""Dedup keys owned by the server; a topic registry that knows what was delivered and lets
+exactly one of two colliding new types through.
 
 **Dedup keys.** A key's ``owner`` and ``created_at`` were the client's to write, and every
 role's policy accepted ``owner = ''`` (the keys written before outbox_0005): a publisher
@@ -26,8 +27,24 @@ A key another service holds stays refused with ``DedupKeyUnavailableError`` unti
 (``outbox.core.protocol.publish_events``; PostgreSQL 15.18 skips a live conflicting key
 that row-level security hides, 15.20 raises: both are that error, never "duplicate").
 
+**Topic registry.** outbox_0005 registered only the aggregate types still in the outbox when
+it ran, so a type delivered before it (its rows gone) could later get a colliding twin
+(``order_line`` beside ``order.line``): the relay dead-letters the twin's rows, and the
+connector may fail its task for every service (both derive the topic the same way,
+``outbox.event.<aggregatetype>``). This revision registers what the database still knows
+was delivered: the topics the relay has read in auto mode (``<outbox>_relay_offset``) and
+those consumers dead-lettered records of (``<inbox>_dead_letter``), both on Kafka; then the
+outbox's rows; last the relay's dead letters (a dead letter may be one Kafka refused for a
+collision). Where two of them collide, the first in that order is registered. Not
+recoverable here: a type whose rows were all delivered by the polling relay or by CDC
+without auto mode and that no consumer dead-lettered (the inbox keeps event ids, not
+topics; the side-effect ledger event ids and payloads). And the registry's trigger no
+longer lets a row through when another open transaction registers the same collision key:
+it waits for it (``outbox_migrations.topic_registry``).
+
 Downgrade restores outbox_0006's policy, grants and defaults (keys keep the owner the server
-gave them).
+gave them), and keeps the registered types and the trigger body (outbox_0005's downgrade
+drops both).
 
 Revision ID: outbox_0007
 Revises: outbox_0006
@@ -38,8 +55,14 @@ from __future__ import annotations
 
 from alembic import op
 
+from outbox.core.contract import TOPIC_PREFIX
 from outbox.core.tables import OutboxTables
 from outbox_migrations.names import outbox_tables
+from outbox_migrations.topic_registry import (
+    AGGREGATE_TYPE_PATTERN,
+    check_function_sql,
+    collision_key_sql,
+)
 
 revision = "outbox_0007"
 down_revision = "outbox_0006"
@@ -131,6 +154,35 @@ def upgrade() -> None:
             END LOOP;
         END
         $grants$
+        """
+    )
+    _register_delivered_types(tables)
+    op.execute(check_function_sql(tables))
+
+
+def _register_delivered_types(tables: OutboxTables) -> None:
+    start = len(TOPIC_PREFIX) + 1
+    prefix = f"'{TOPIC_PREFIX}'"
+    op.execute(
+        f"""
+        INSERT INTO {tables.qualified_topic_registry} (aggregatetype, collision_key)
+        SELECT aggregatetype, {collision_key_sql("aggregatetype")}
+        FROM (
+            SELECT pg_catalog.substr(topic, {start}) AS aggregatetype, 1 AS rank
+                FROM {tables.qualified_relay_offset} WHERE pg_catalog.starts_with(topic, {prefix})
+            UNION ALL
+            SELECT pg_catalog.substr(topic, {start}), 1
+                FROM {tables.qualified_inbox_dead_letter}
+                WHERE pg_catalog.starts_with(topic, {prefix})
+            UNION ALL
+            SELECT aggregatetype, 2 FROM {tables.qualified_outbox}
+            UNION ALL
+            SELECT aggregatetype, 3 FROM {tables.qualified_dead_letter}
+        ) AS known
+        WHERE aggregatetype ~ '{AGGREGATE_TYPE_PATTERN}'
+        GROUP BY aggregatetype
+        ORDER BY min(rank), aggregatetype
+        ON CONFLICT DO NOTHING
         """
     )
 
