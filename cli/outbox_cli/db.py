@@ -181,12 +181,17 @@ def relay_role(
 @app.command()
 def expire(
     dead_letters_days: float = typer.Option(
-        30, "--dead-letters-days", min=0.01, help="Delete dead letters older than this."
+        30,
+        "--dead-letters-days",
+        min=0.01,
+        help="Delete consumers' dead letters older than this (the relay's stay until "
+        "replayed or discarded: `outbox relay dead-letters`).",
     ),
     database_url: str | None = DATABASE_URL_OPTION,
 ) -> None:
-    """Delete expired rows: dedup keys (OUTBOX_DEDUP_WINDOW), inbox claims
-    (OUTBOX_INBOX_RETENTION), dead letters (--dead-letters-days), heartbeat rows (1 hour).
+    """Delete expired rows: dedup keys (OUTBOX_DEDUP_WINDOW), inbox claims and done
+    side-effect steps (OUTBOX_INBOX_RETENTION), consumers' dead letters (--dead-letters-days),
+    heartbeat rows (1 hour). Never the relay's dead letters: events not yet published.
 
     Run it on a schedule (hourly, say) as the owner of the outbox objects.
     """

@@ -6,9 +6,10 @@ Run it on a schedule (``outbox db expire``, e.g. hourly) as the owner of the out
   deduplicates anything;
 - inbox claims older than ``OUTBOX_INBOX_RETENTION`` (7 days): keep it longer than any
   redelivery can take (a record redelivered after its claim is gone is applied again);
-- relay dead letters and consumers' dead letters older than ``dead_letters`` (30 days by
-  default): look at them before (``outbox relay dead-letters list``): once expired they
-  are gone;
+- consumers' dead letters older than ``dead_letters`` (30 days by default): look at them
+  before, once expired they are gone. **Not the relay's dead letters**: those are committed
+  events that were never published, kept until replayed (``outbox relay dead-letters
+  retry``) or discarded by id (``outbox relay dead-letters discard ID... --yes``);
 - side-effect steps *done* longer ago than ``OUTBOX_INBOX_RETENTION`` (the window in which a
   redelivery must still find them done); started and parked steps are never deleted;
 - heartbeat rows older than an hour (the connector's heartbeat query deletes them as well;
@@ -48,7 +49,6 @@ def expire(
     plan = (
         (tables.dedup, tables.qualified_dedup, "created_at", settings.dedup_window),
         (tables.inbox, tables.qualified_inbox, "received_at", settings.inbox_retention),
-        (tables.dead_letter, tables.qualified_dead_letter, "failed_at", dead_letters),
         (tables.inbox_dead_letter, tables.qualified_inbox_dead_letter, "failed_at", dead_letters),
         (tables.heartbeat, tables.qualified_heartbeat, "beat", HEARTBEAT_RETENTION),
     )

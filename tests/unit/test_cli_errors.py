@@ -64,6 +64,7 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["relay", "health"], {"OUTBOX_RELAY_HTTP_PORT": "port"}, "OUTBOX_RELAY_HTTP_PORT"),
     (["relay", "dead-letters", "list"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["relay", "dead-letters", "retry", "--all"], NO_DATABASE, UNREACHABLE_DATABASE),
+    (["relay", "dead-letters", "discard", EVENT, "--yes"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["lake", "ingest"], BAD_KAFKA, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
     (["lake", "ingest"], BAD_LAKE, "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH"),
     (["lake", "tables"], BAD_LAKE, "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH"),
