@@ -273,3 +273,20 @@ def test_keys_from_before_the_upgrade_are_read_only_for_publishers(
     finally:
         engine.dispose()
         drop_role(empty_database, role[0])
+
+
+def test_cli_reads_the_database_url_from_a_file(
+    empty_database: ScratchDatabase, tmp_path: Path
+) -> None:
+    """``--database-url-file``: the URL (and its password) stays out of the process list."""
+    secret = tmp_path / "database-url"
+    secret.write_text(empty_database.url + "\n")
+    secret.chmod(0o600)
+    upgraded = run_outbox("db", "upgrade", "--database-url-file", str(secret), timeout=60)
+    assert upgraded.returncode == 0, upgraded.stderr
+    now = run_outbox("db", "current", "--database-url-file", str(secret), timeout=60)
+    assert now.stdout.strip() == HEAD, now.stderr
+    refused = run_outbox("db", "current", "--database-url", empty_database.url, timeout=60)
+    assert refused.returncode == 2
+    assert "--database-url-file" in refused.stderr and "OUTBOX_DATABASE_URL" in refused.stderr
+    assert empty_database.cluster.password() not in refused.stderr + refused.stdout
