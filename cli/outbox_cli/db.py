@@ -237,6 +237,62 @@ def relay_role(
     typer.echo(f"relay role {role}: LOGIN, read/delete on {settings.tables.qualified_outbox}")
 
 
+TYPES_ARGUMENT = typer.Argument(None, help="Aggregate types, e.g. order.line.")
+
+
+@app.command("register-types")
+def register_types(
+    aggregate_types: list[str] | None = TYPES_ARGUMENT,
+    from_kafka: bool = typer.Option(
+        False,
+        "--from-kafka",
+        help="Also every aggregate type with a topic (outbox.event.<type>) on the broker "
+        "(OUTBOX_KAFKA_BOOTSTRAP_SERVERS, else the local stack's).",
+    ),
+    database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
+) -> None:
+    """Register aggregate types in the topic registry, so that a type whose topic would
+    collide with theirs on Kafka (order_line, order.line) is refused when published.
+
+    For types delivered before the registry knew them (`outbox db upgrade` registers the ones
+    the database has a trace of). Run it as the owner of the outbox objects. Exit 2 when a
+    type collides with a registered one (both topics exist: one type's records fail).
+    """
+    import outbox_migrations
+
+    types = list(aggregate_types or [])
+    if from_kafka:
+        from outbox_cli.relay import aggregate_types_on_kafka
+
+        try:
+            types += aggregate_types_on_kafka()
+        except ModuleNotFoundError as error:  # kafka-python: the relay's extra
+            if error.name != "kafka":
+                raise
+            raise ConfigurationError(
+                "--from-kafka needs kafka-python: pip install 'outbox-relay[relay]'"
+            ) from error
+    if not types:
+        typer.secho("give aggregate types, or --from-kafka", err=True, fg="red")
+        raise typer.Exit(2)
+    with _database(database_url, database_url_file) as (connection, settings):
+        done = outbox_migrations.register_types(connection, types, settings=settings)
+    typer.echo(f"{len(done.registered)} type(s) registered: {' '.join(done.registered)}")
+    typer.echo(f"{len(done.known)} already registered")
+    for invalid in done.invalid:
+        typer.secho(f"not an aggregate type, skipped: {invalid!r}", err=True, fg="yellow")
+    for aggregate_type, holder in done.collisions:
+        typer.secho(
+            f"{aggregate_type} collides with the registered type {holder} (Kafka treats '.' "
+            "and '_' alike): the records of one of them cannot be delivered",
+            err=True,
+            fg="red",
+        )
+    if done.collisions:
+        raise typer.Exit(2)
+
+
 @app.command()
 def expire(
     dead_letters_days: float = typer.Option(

@@ -174,3 +174,22 @@ def discard_command(
     if missing:
         typer.secho(f"no dead letter with id {', '.join(missing)}", err=True, fg="red")
         raise typer.Exit(2)
+
+
+def aggregate_types_on_kafka() -> list[str]:
+    """The aggregate types of the outbox topics (``outbox.event.<type>``) on the broker,
+    sorted (``outbox db register-types --from-kafka``)."""
+    from kafka import KafkaConsumer
+
+    from outbox.core.contract import TOPIC_PREFIX
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap_servers().split(","),
+        client_id="outbox-register-types",
+        metrics_enabled=False,  # its per-topic names collide for a.b and a_b
+    )
+    try:
+        topics = consumer.topics()
+    finally:
+        consumer.close()
+    return sorted(t[len(TOPIC_PREFIX) :] for t in topics if t.startswith(TOPIC_PREFIX))

@@ -15,11 +15,14 @@ import uuid
 import psycopg
 import pytest
 import sqlalchemy as sa
+from kafka import KafkaProducer
 
 import outbox_migrations
 from outbox import Event, Outbox
+from outbox.core.contract import topic_for
+from tests.cli import run_outbox
 from tests.fix_postgres import ScratchDatabase
-from tests.fix_relay import wait_until
+from tests.fix_relay import RelayBench, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -180,3 +183,35 @@ def test_types_delivered_before_the_registry_are_registered_on_upgrade(
             row[0] for row in connection.execute("SELECT aggregatetype FROM outbox.outbox_topic")
         }
     assert registered == {"order.line", "shipment.label", "refund.note", "both.x"}
+
+
+def test_types_only_the_broker_knows_are_registered_by_hand(relay_bench: RelayBench) -> None:
+    """A type delivered and gone before the registry (nothing in the database shows it):
+    ``outbox db register-types`` registers it by name or from the broker's topics; a
+    colliding twin is then refused, and a collision among them is reported (exit 2)."""
+    base = f"t{uuid.uuid4().hex[:8]}"
+    bootstrap = relay_bench.kafka.bootstrap_servers
+    env = {"OUTBOX_DATABASE_URL": relay_bench.database.url}
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(topic_for(f"{base}.kafka"), key=b"1", value=b"{}").get(timeout=30)
+    producer.close()
+    by_name = run_outbox("db", "register-types", f"{base}.named", "not a type", env=env)
+    assert by_name.returncode == 0, by_name.stderr
+    assert "1 type(s) registered" in by_name.stdout and "not a type" in by_name.stderr
+    from_kafka = run_outbox(
+        "db",
+        "register-types",
+        "--from-kafka",
+        env={**env, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+    )
+    assert from_kafka.returncode == 0, from_kafka.stderr
+    assert f"{base}.kafka" in from_kafka.stdout
+    colliding = run_outbox("db", "register-types", f"{base}_named", f"{base}.named", env=env)
+    assert colliding.returncode == 2
+    assert f"{base}_named collides with the registered type {base}.named" in colliding.stderr
+    assert "1 already registered" in colliding.stdout
+    with relay_bench.database.connect() as connection:
+        for twin in (f"{base}_named", f"{base}_kafka"):
+            with pytest.raises(psycopg.errors.CheckViolation, match="collides"):
+                with connection.transaction():
+                    Outbox().publish(connection, Event(twin, "1", "Added", {}))

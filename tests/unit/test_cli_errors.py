@@ -46,6 +46,8 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["db", "current"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "expire"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "grant", "app", "--publisher"], NO_DATABASE, UNREACHABLE_DATABASE),
+    (["db", "register-types", "order"], NO_DATABASE, UNREACHABLE_DATABASE),
+    (["db", "register-types", "--from-kafka"], BAD_KAFKA, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
     (
         ["db", "cdc-role"],
         {**NO_DATABASE, "OUTBOX_CONNECT_DATABASE_PASSWORD": "x"},

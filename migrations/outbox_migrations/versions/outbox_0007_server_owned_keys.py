@@ -38,7 +38,9 @@ outbox's rows; last the relay's dead letters (a dead letter may be one Kafka ref
 collision). Where two of them collide, the first in that order is registered. Not
 recoverable here: a type whose rows were all delivered by the polling relay or by CDC
 without auto mode and that no consumer dead-lettered (the inbox keeps event ids, not
-topics; the side-effect ledger event ids and payloads). And the registry's trigger no
+topics; the side-effect ledger event ids and payloads): ``outbox db register-types``
+registers them by name, or from the broker's topics (``--from-kafka``). And the
+registry's trigger no
 longer lets a row through when another open transaction registers the same collision key:
 it waits for it (``outbox_migrations.topic_registry``).
 
