@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from outbox.core.contract import ContractViolation, event_id_of, parse_record
+from outbox.core.text import MAX_REASON_CHARS, storable_text
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -114,7 +115,12 @@ def parse_one(
         reason = str(violation)
     except Exception as error:  # a record must never stop the stream
         reason = f"{type(error).__name__}: {error}"
-    return {**row, "kind": "quarantine", "reason": reason, "event_id": _event_id_or_none(headers)}
+    return {
+        **row,
+        "kind": "quarantine",
+        "reason": storable_text(reason, max_chars=MAX_REASON_CHARS),  # Arrow's strings: UTF-8
+        "event_id": _event_id_or_none(headers),
+    }
 
 
 def _event_id_or_none(headers: Sequence[tuple[str, bytes | None]]) -> str | None:
@@ -230,5 +236,8 @@ def _arrow_safe(row: dict[str, Any], schema: Any) -> dict[str, Any]:
         return {
             **{name: row.get(name) for name in keep},
             "kind": "quarantine",
-            "reason": f"the record cannot be stored: {type(error).__name__}: {error}",
+            "reason": storable_text(
+                f"the record cannot be stored: {type(error).__name__}: {error}",
+                max_chars=MAX_REASON_CHARS,
+            ),
         }

@@ -14,7 +14,9 @@ names come from :class:`outbox.OutboxSettings` (``OUTBOX_*`` variables).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ __all__ = [
     "grant_consumer",
     "grant_publisher",
     "grant_relay",
+    "register_types",
     "upgrade",
 ]
 
@@ -83,10 +86,12 @@ def grant_publisher(
 ) -> None:
     """Grant ``role`` what publishing needs, and nothing more.
 
-    It may insert events (not read or change them), draw positions, and use dedup keys.
+    It may insert events (not read or change them), draw positions, and use dedup keys:
+    write a key and its event id, never its owner or time (the server's: outbox_0007).
     """
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
+    dedup = tables.qualified_dedup
     _execute(
         connection,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
@@ -94,7 +99,11 @@ def grant_publisher(
         # Only the event id can be read back: publishes with dedup keys return inserted ids.
         f"GRANT SELECT (id) ON {tables.qualified_outbox} TO {grantee}",
         f"GRANT USAGE ON SEQUENCE {tables.qualified_position_sequence} TO {grantee}",
-        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables.qualified_dedup} TO {grantee}",
+        # Whole-row INSERT and UPDATE, as granted before outbox_0007, go (with the columns').
+        f"REVOKE INSERT, UPDATE ON {dedup} FROM {grantee}",
+        f"GRANT SELECT, DELETE ON {dedup} TO {grantee}",
+        f"GRANT INSERT (dedup_key, event_id), UPDATE (event_id, created_at) ON {dedup} "
+        f"TO {grantee}",
     )
 
 
@@ -242,6 +251,61 @@ def grant_relay(
         f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_offset} TO {grantee}",
         f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_lease} TO {grantee}",
     )
+
+
+@dataclass
+class Registration:
+    """What :func:`register_types` did with each aggregate type it was given."""
+
+    registered: list[str] = field(default_factory=list)
+    known: list[str] = field(default_factory=list)
+    collisions: list[tuple[str, str]] = field(default_factory=list)
+    """(type, the registered type it collides with): its topic collides on Kafka."""
+    invalid: list[str] = field(default_factory=list)
+
+
+_AGGREGATE_TYPE = re.compile(r"[A-Za-z0-9._-]{1,200}", re.ASCII)  # the SDK's rule
+
+
+def register_types(
+    connection: Connection,
+    aggregate_types: Iterable[str],
+    *,
+    settings: OutboxSettings | None = None,
+) -> Registration:
+    """Register aggregate types in the topic registry (as the owner of the tables), in the
+    order given: types already delivered that the database has no trace of (migration
+    outbox_0007), so that a colliding twin is refused when it is first published."""
+    tables = (settings if settings is not None else OutboxSettings()).tables
+    registry = tables.qualified_topic_registry
+    done = Registration()
+    for aggregate_type in aggregate_types:
+        if not _AGGREGATE_TYPE.fullmatch(aggregate_type):
+            done.invalid.append(aggregate_type)
+            continue
+        params = {"type": aggregate_type}
+        if connection.execute(
+            text(
+                f"INSERT INTO {registry} (aggregatetype, collision_key) "
+                "VALUES (:type, translate(:type, '.', '_')) ON CONFLICT DO NOTHING "
+                "RETURNING aggregatetype"
+            ),
+            params,
+        ).first():
+            done.registered.append(aggregate_type)
+            continue
+        holder = connection.execute(
+            text(
+                f"SELECT aggregatetype FROM {registry} "
+                "WHERE collision_key = translate(:type, '.', '_')"
+            ),
+            params,
+        ).scalar_one()
+        if holder == aggregate_type:
+            done.known.append(aggregate_type)
+        else:
+            done.collisions.append((aggregate_type, holder))
+    return done
 
 
 def _execute(connection: Connection, *statements: str) -> None:

@@ -6,9 +6,11 @@ Run it on a schedule (``outbox db expire``, e.g. hourly) as the owner of the out
   deduplicates anything;
 - inbox claims older than ``OUTBOX_INBOX_RETENTION`` (7 days): keep it longer than any
   redelivery can take (a record redelivered after its claim is gone is applied again);
-- relay dead letters and consumers' dead letters older than ``OUTBOX_DEAD_LETTER_RETENTION``
-  (30 days by default; ``dead_letters`` overrides it): look at them before (``outbox relay
-  dead-letters list``): once expired they are gone;
+- consumers' dead letters older than ``OUTBOX_DEAD_LETTER_RETENTION`` (30 days by default;
+  ``dead_letters`` overrides it): look at them before, once expired they are gone. **Not the
+  relay's dead letters**: those are committed events that were never published, kept until
+  replayed (``outbox relay dead-letters retry``) or discarded by id (``outbox relay
+  dead-letters discard ID... --yes``);
 - side-effect steps *done* longer ago than the longer of ``OUTBOX_INBOX_RETENTION`` and the
   dead letters' retention (a redelivery, or a dead letter's replay, must still find them
   done), and never one whose event still has a consumer dead letter; started and parked
@@ -55,7 +57,6 @@ def expire(
     plan = (
         (tables.dedup, tables.qualified_dedup, "created_at", settings.dedup_window),
         (tables.inbox, tables.qualified_inbox, "received_at", settings.inbox_retention),
-        (tables.dead_letter, tables.qualified_dead_letter, "failed_at", dead_letters),
         (tables.inbox_dead_letter, tables.qualified_inbox_dead_letter, "failed_at", dead_letters),
         (tables.heartbeat, tables.qualified_heartbeat, "beat", HEARTBEAT_RETENTION),
     )

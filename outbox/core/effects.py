@@ -47,6 +47,7 @@ from typing import Any
 from outbox.core.effect_statements import EffectStatements
 from outbox.core.errors import EffectError, EffectNotPerformedError
 from outbox.core.statements import Result, Statement
+from outbox.core.text import MAX_REASON_CHARS, is_storable, storable_text
 
 Rows = Sequence[Sequence[Any]]
 
@@ -331,7 +332,20 @@ def check_step_names(consumer: object, event_id: object, effect: object) -> tupl
         )
     if not isinstance(effect, str) or not effect or len(effect) > 255:
         raise EffectError(f"effect={effect!r} must be a non-empty str of at most 255 characters")
+    for name, value in (("consumer", consumer), ("event_id", event_id), ("effect", effect)):
+        if not is_storable(value):  # a name identifies the step: refused, never changed
+            raise EffectError(f"{name}={value!r} must not hold NUL or lone surrogates")
     return consumer, event_id, effect
+
+
+def _reason(text: str) -> str:
+    """A reason as the ledger stores it: storable, at most MAX_REASON_CHARS."""
+    return storable_text(text, max_chars=MAX_REASON_CHARS)
+
+
+def _reference(reference: object) -> str | None:
+    """The third party's reference as stored: its text, storable (not cut: it is an id)."""
+    return None if reference is None else storable_text(str(reference))
 
 
 def perform_step(
@@ -402,11 +416,11 @@ def perform_step(
             try:
                 made = yield Call(step)
             except EffectNotPerformedError as error:
-                release = {**names, "reason": f"not performed: {error}"[:4000]}
+                release = {**names, "reason": _reason(f"not performed: {error}")}
                 yield Statement(statements.release_step, release, Result.ROWCOUNT)
                 yield COMMIT
                 raise
-            made = None if made is None else str(made)
+            made = _reference(made)
             yield Statement(
                 statements.mark_done, {**names, "reference": made, "reason": None}, Result.ROWCOUNT
             )
@@ -419,10 +433,11 @@ def perform_step(
             continue
         if move is Move.MARK_DONE:
             assert answer is not None
-            marked = {**names, "reference": answer.reference, "reason": "found by the lookup"}
+            found = _reference(answer.reference)
+            marked = {**names, "reference": found, "reason": "found by the lookup"}
             yield Statement(statements.mark_done, marked, Result.ROWCOUNT)
             yield COMMIT
-            return EffectOutcome(step, StepState.DONE, answer.reference, called=False)
+            return EffectOutcome(step, StepState.DONE, found, called=False)
         if move is Move.WAIT:
             assert settling is not None
             yield COMMIT  # the lock is not held while we wait: another may resolve the step
@@ -434,7 +449,8 @@ def perform_step(
                 why = _not_settled_reason(settling, attempt, attempt_started_at, settle_after) + why
             elif answer is not None:
                 why = f"the lookup could not tell ({answer.reason}); {why}"
-            yield Statement(statements.park_step, {**names, "reason": why[:4000]}, Result.ROWCOUNT)
+            parked = {**names, "reason": _reason(why)}
+            yield Statement(statements.park_step, parked, Result.ROWCOUNT)
             yield COMMIT
             return EffectOutcome(step, StepState.NEEDS_DECISION, None, called=False, reason=why)
         yield COMMIT

@@ -126,7 +126,6 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
     for table in (
         "outbox_dedup",
         "outbox_inbox",
-        "outbox_dead_letter",
         "outbox_inbox_dead_letter",
         "outbox_heartbeat",
         "outbox_inbox_effect",
@@ -136,6 +135,57 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
             left = connection.execute(f"SELECT count(*) FROM outbox.{table}").fetchone()
         kept = {"outbox_inbox_effect": 3, "outbox_inbox_dead_letter": 2}.get(table, 1)
         assert left == (kept,), f"{table}: the live rows must stay"
+    with empty_database.connect() as connection:
+        left = connection.execute("SELECT count(*) FROM outbox.outbox_dead_letter").fetchone()
+    assert left == (2,), "the relay's dead letters (events never published) stay"
+
+
+def test_relay_dead_letters_stay_until_replayed_or_discarded(
+    empty_database: ScratchDatabase,
+) -> None:
+    """A relay dead letter is a committed event that was never published: no retention
+    deletes it; an operator replays it or discards it by its id, saying --yes."""
+    engine = sa.create_engine(empty_database.url)
+    with engine.begin() as connection:
+        outbox_migrations.upgrade(connection)
+    engine.dispose()
+    env = {"OUTBOX_DATABASE_URL": empty_database.url}
+    ids = [uuid.uuid4() for _ in range(3)]
+    with empty_database.connect() as connection:
+        for n, event_id in enumerate(ids):
+            connection.execute(
+                "INSERT INTO outbox.outbox_dead_letter (id, aggregatetype, aggregateid, type, "
+                "payload, headers, traceparent, position, created_at, reason, failed_at) VALUES "
+                "(%s, 'a', '1', 'T', '{}', '{}', '', %s, now(), 'too large', "
+                "now() - interval '400 days')",
+                (event_id, n),
+            )
+        connection.commit()
+
+    def letters() -> set[uuid.UUID]:
+        with empty_database.connect() as connection:
+            return {r[0] for r in connection.execute("SELECT id FROM outbox.outbox_dead_letter")}
+
+    expired = run_outbox("db", "expire", "--dead-letters-days", "1", env=env)
+    assert expired.returncode == 0, expired.stderr
+    assert letters() == set(ids)
+    unsure = run_outbox("relay", "dead-letters", "discard", str(ids[0]), env=env)
+    assert unsure.returncode == 2 and "--yes" in unsure.stderr, unsure.stderr
+    assert letters() == set(ids)
+    unknown = uuid.uuid4()
+    discarded = run_outbox(
+        "relay",
+        "dead-letters",
+        "discard",
+        str(ids[0]),
+        str(ids[1]),
+        str(unknown),
+        "--yes",
+        env=env,
+    )
+    assert "2 dead letter(s) discarded" in discarded.stdout, discarded.stderr
+    assert discarded.returncode == 2 and str(unknown) in discarded.stderr
+    assert letters() == {ids[2]}
 
 
 def test_an_idle_relay_consumes_no_transaction_ids_and_reports_table_sizes(
