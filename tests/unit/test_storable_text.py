@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -79,7 +80,11 @@ def test_a_consumer_dead_letter_is_storable_whatever_the_reason_and_headers() ->
 
 
 EFFECTS = EffectStatements(OutboxTables())
-STARTED = [("started", 1, None, None, {})]
+# lock_step's row: state, attempt, reference, reason, context, the attempt's start and the
+# database's now (an hour later: the attempt has settled, so a lookup's answer is acted on).
+ATTEMPT_STARTED = datetime(2026, 1, 1, tzinfo=UTC)
+STARTED = [("started", 1, None, None, {}, ATTEMPT_STARTED, ATTEMPT_STARTED + timedelta(hours=1))]
+CUT_SHORT = [("started", 2, None, None, {}, ATTEMPT_STARTED, ATTEMPT_STARTED + timedelta(hours=1))]
 
 
 def step() -> Generator[Any, Any, Any]:
@@ -101,9 +106,9 @@ def step() -> Generator[Any, Any, Any]:
         # the call made it: its reference is stored
         [[], [(1,)], STARTED, BAD, [(1,)]],
         # a step cut short: the lookup raises, or cannot tell, or found it
-        [[], [], [("started", 2, None, None, {})], RuntimeError(BAD), [(1,)]],
-        [[], [], [("started", 2, None, None, {})], LookupAnswer.unknown(BAD), [(1,)]],
-        [[], [], [("started", 2, None, None, {})], LookupAnswer.happened(BAD), [(1,)]],
+        [[], [], CUT_SHORT, RuntimeError(BAD), [(1,)]],
+        [[], [], CUT_SHORT, LookupAnswer.unknown(BAD), [(1,)]],
+        [[], [], CUT_SHORT, LookupAnswer.happened(BAD), [(1,)]],
     ],
     ids=["not performed", "reference", "lookup raised", "lookup unknown", "lookup found"],
 )
