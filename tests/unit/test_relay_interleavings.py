@@ -380,8 +380,7 @@ def run_relay(
     return Run(model, relay._horizon.floor, errors, stopped=not thread.is_alive())
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22, item 3: fixed in the next commit")
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     initial=st.lists(st.sampled_from(AGGREGATES), max_size=12),
     batch_size=st.integers(1, 3),

@@ -226,7 +226,6 @@ def relay_until_nothing_to_read(
     return relay
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22, item 3: fixed in the next commit")
 def test_a_read_that_left_out_a_waiting_aggregate_never_floors_past_its_backlog(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -263,7 +262,6 @@ def test_a_read_that_left_out_a_waiting_aggregate_never_floors_past_its_backlog(
     assert sent == {WAITING: [1, 2, 3, 4, 5, 6, 13, 14], OTHER: list(range(7, 13))}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22, item 3: fixed in the next commit")
 def test_rows_read_while_their_aggregate_was_refused_wait_even_when_the_pause_ended(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
