@@ -119,10 +119,10 @@ def run(settings: ChaosSettings, console: Console) -> bool:
         console.log(f"drain {outcome} in {drained.seconds:g} s; checking")
         steps = ", ".join(f"{step} at {at:g} s" for step, at in drained.steps.items())
         console.log(f"drain: {steps}")
-        copies = drained.copies or kafka_copies(
+        kafka = drained.kafka or kafka_copies(
             services.bootstrap_servers, services.lake_settings.topic_pattern
         )
-        checks = check(truth, lake_rows(services.lake_settings), copies)
+        checks = check(truth, lake_rows(services.lake_settings), kafka.copies, kafka.undecodable)
         reconciled = run_reconcile(OUTBOX_COMMAND, services.reconcile_environment())
         pairs = overlapping(injector.injected)
         figures = _figures(

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.core.effects import LookupAnswer
 from outbox.core.errors import (
+    BrokerError,
+    BrokerUnavailable,
     ConfigurationError,
     ContractViolation,
     DedupKeyUnavailableError,
@@ -24,6 +26,8 @@ from outbox.core.errors import (
     OutboxError,
     PayloadTooLargeError,
     PayloadTypeError,
+    RecordsGoneError,
+    ShortReadError,
     TransactionRequiredError,
     UnsupportedTransactionError,
 )
@@ -68,6 +72,8 @@ __all__ = [
     "AsyncEffects",
     "AsyncInbox",
     "AsyncOutbox",
+    "BrokerError",
+    "BrokerUnavailable",
     "ConfigurationError",
     "ContractViolation",
     "DedupKeyUnavailableError",
@@ -88,6 +94,8 @@ __all__ = [
     "PayloadTooLargeError",
     "PayloadTypeError",
     "PublishResult",
+    "RecordsGoneError",
+    "ShortReadError",
     "TransactionRequiredError",
     "UnsupportedTransactionError",
     "aclaim",

@@ -23,12 +23,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from kafka import KafkaConsumer
 from sqlalchemy import create_engine
 
 from outbox.consumer import ReceivedEvent
-from outbox.core.contract import parse_record
+from outbox.core.kafka_record import Undecodable, decode_event
 from outbox.effects import Effects, EffectStep
+from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox_examples import payment_effects
 
 FAST_GROUP = {
@@ -119,35 +119,23 @@ def plain_loop(
     ledger: Effects, client: CrashingClient, lookup: bool, stop: threading.Event
 ) -> None:
     env = os.environ
-    consumer = KafkaConsumer(
-        env["EFFECTS_TOPIC"],
-        bootstrap_servers=env["EFFECTS_BOOTSTRAP"],
-        isolation_level="read_committed",
-        group_id=env["EFFECTS_GROUP"],
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        **FAST_GROUP,
-    )
+    role = ReaderRole(client_id="effects-plain", group_id=env["EFFECTS_GROUP"])
+    reader = KafkaReader(env["EFFECTS_BOOTSTRAP"], role.with_options(FAST_GROUP))
+    reader.subscribe([env["EFFECTS_TOPIC"]])
     handle = payment_effects.handler(ledger, client, lookup=lookup)
     try:
         while not stop.is_set():
-            batches = consumer.poll(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    event = parse_record(
-                        topic=record.topic,
-                        partition=record.partition,
-                        offset=record.offset,
-                        key=record.key,
-                        value=record.value,
-                        headers=record.headers,
-                    )
-                    handle(_NoSession(), event)
-                    crash_if_planned("after_done", int(event.aggregate_id))
-            if batches:
-                consumer.commit()
+            records = reader.poll(0.5)
+            for record in records:
+                event = decode_event(record)
+                if isinstance(event, Undecodable):
+                    raise RuntimeError(f"the test wrote {event.place}: {event.reason}")
+                handle(_NoSession(), event)
+                crash_if_planned("after_done", int(event.aggregate_id))
+            if records:
+                reader.commit()
     finally:
-        consumer.close(autocommit=False)
+        reader.close()
 
 
 class _NoSession:

@@ -73,6 +73,12 @@ class RelayMetrics:
             "Rows deleted because their CDC record was seen on Kafka (auto mode).",
             registry=r,
         )
+        self.cdc_undecodable = Counter(
+            "outbox_relay_cdc_undecodable_records",
+            "Records on CDC's topics no reader can take at its word (auto mode; each logged "
+            "with its topic, partition and offset).",
+            registry=r,
+        )
         self.dead_lettered = Counter(
             "outbox_relay_dead_lettered", "Rows moved to the dead-letter table.", registry=r
         )

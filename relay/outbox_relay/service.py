@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import psycopg
 from kafka.errors import KafkaError
 
+from outbox.core.errors import BrokerError
 from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX, OutboxTables, cdc_heartbeat_topic
 from outbox_relay.cdc_watch import CdcWatch
 from outbox_relay.checks import check_database
@@ -121,7 +122,7 @@ class Relay:
                     stop.wait(self.settings.leader_retry_seconds)
                 except psycopg.Error as error:
                     self._fault("database", error, stop)
-                except (KafkaError, BatchNotAcknowledged) as error:
+                except (KafkaError, BrokerError, BatchNotAcknowledged) as error:
                     self._fault("broker", error, stop)
         finally:
             if self._leading:
@@ -345,6 +346,8 @@ class Relay:
         deliveries = self._watch.poll(timeout_seconds=0.05)
         if deliveries.latest_heartbeat is not None:
             self._handover.cdc_heartbeat(deliveries.latest_heartbeat)
+        if deliveries.undecodable:
+            self.metrics.cdc_undecodable.inc(len(deliveries.undecodable))
         if deliveries.event_ids or deliveries.offsets:
             removed = self._database.remove_delivered(deliveries.event_ids, deliveries.offsets)
             self.metrics.cdc_confirmed.inc(removed)

@@ -25,6 +25,8 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Which extra each part needs; every other module of the wheel needs the base only.
 EXTRA_OF = {
     "outbox/consumer.py": "relay",
+    "outbox/kafka_reading.py": "relay",
+    "outbox/_lenient_records.py": "relay",
     "outbox/effect_metrics.py": "relay",
     "examples/outbox_examples/shipping_service.py": "relay",
     "examples/outbox_examples/payment_effects.py": "relay",
