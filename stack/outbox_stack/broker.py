@@ -241,10 +241,13 @@ class KafkaBroker:
                     request_timeout_ms=3000,
                 )
                 try:
-                    admin.list_topics()
+                    # Registered: the metadata lists this broker (Connect's first request,
+                    # the cluster id, waits for a node and gives up after a minute).
+                    if admin.describe_cluster().get("brokers"):
+                        return
                 finally:
                     admin.close()
-                return
+                time.sleep(0.2)
             except (KafkaError, OSError, ValueError) as error:
                 last_error = error
                 time.sleep(0.2)
