@@ -31,6 +31,7 @@ from outbox.core.event import Event, PublishResult, new_event_id
 
 if TYPE_CHECKING:
     from outbox._default import aclaim, apublish, apublish_many, claim, publish, publish_many
+    from outbox._drivers import sqlalchemy_url
     from outbox.effects import AsyncEffects, Effects
     from outbox.inbox import AsyncInbox, Inbox
     from outbox.publisher import AsyncOutbox, Outbox
@@ -45,6 +46,7 @@ _LAZY = {
     "claim": "outbox._default",
     "publish": "outbox._default",
     "publish_many": "outbox._default",
+    "sqlalchemy_url": "outbox._drivers",
     "AsyncEffects": "outbox.effects",
     "Effects": "outbox.effects",
     "AsyncInbox": "outbox.inbox",
@@ -97,4 +99,5 @@ __all__ = [
     "new_event_id",
     "publish",
     "publish_many",
+    "sqlalchemy_url",
 ]

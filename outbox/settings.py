@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from outbox.core.errors import ConfigurationError
 from outbox.core.identifiers import validate_identifier
 from outbox.core.tables import OutboxTables
 
@@ -102,22 +103,27 @@ class DatabaseSettings(BaseSettings):
     """``OUTBOX_DATABASE_URL``: the SQLAlchemy URL of the application's database.
 
     For example ``postgresql+psycopg://app:secret@db.internal:5432/shop``. It is a secret: it
-    is never logged or printed with its password.
+    is never logged or printed with its password. A plain ``postgresql://`` URL is given the
+    psycopg 3 driver (:func:`outbox.sqlalchemy_url`); another driver is refused.
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore", frozen=True)
+    # hide_input_in_errors: a refused URL is not repeated (with its password) in the error.
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     database_url: SecretStr
 
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: SecretStr) -> SecretStr:
-        url = value.get_secret_value()
-        if not url.startswith(("postgresql://", "postgresql+psycopg://")):
-            raise ValueError(
-                "must be a PostgreSQL URL such as postgresql+psycopg://user:password@host:5432/db"
-            )
-        return value
+        """On psycopg 3: ``postgresql://`` (psycopg2 to SQLAlchemy) gets its driver."""
+        from outbox._drivers import sqlalchemy_url
+
+        try:
+            return SecretStr(sqlalchemy_url(value.get_secret_value()))
+        except ConfigurationError as error:
+            raise ValueError(str(error)) from None
 
 
 class KafkaSettings(BaseSettings):
