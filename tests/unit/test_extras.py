@@ -148,3 +148,22 @@ def test_the_relay_extra_gives_kafka_python_its_c_checksum() -> None:
     assert util.calc_crc32c.__defaults__[0] is not util.crc32c_py, (
         "kafka-python falls back to its pure-Python CRC-32C: install the relay extra"
     )
+
+
+def test_the_cli_names_the_smallest_extra_of_every_library_an_extra_adds() -> None:
+    """A command whose extra is missing names it (``outbox_cli._common.EXTRA_OF_LIBRARY``):
+    every library the extras' modules import and the base does not install is there, with the
+    smallest extra that installs it."""
+    from outbox_cli._common import EXTRA_OF_LIBRARY
+
+    order: list[str | None] = [None, "relay", "lake", "stack"]
+    provided_by = providers()
+    wrong = []
+    for extra in order[1:]:
+        files = [path for path in wheel_sources() if extra_of(path) == extra]
+        for name, path in third_party_imports(files, extra).items():
+            dists = provided_by.get(name, set())
+            smallest = next(e for e in order if dists & installed_with(e))
+            if smallest is not None and EXTRA_OF_LIBRARY.get(name) != smallest:
+                wrong.append(f"{name} ({path.relative_to(ROOT)}): {smallest}")
+    assert not wrong, f"EXTRA_OF_LIBRARY should name: {wrong}"
