@@ -1,9 +1,16 @@
 """The outbox SDK: write a business row and its events in one PostgreSQL transaction.
 
 >>> from outbox import Event, publish
->>> with Session(engine) as session, session.begin():            # doctest: +SKIP
+>>> with Session(engine) as session, session.begin():
 ...     session.add(order)
-...     publish(session, Event("order", order.id, "OrderPlaced", {"total": order.total}))
+...     session.flush()  # assigns order.id
+...     event = Event("order", str(order.id), "OrderPlaced", {"total": order.total})
+...     result = publish(session, event)
+>>> result.duplicate
+False
+
+``engine`` is a SQLAlchemy engine on psycopg 3 (``postgresql+psycopg://``), ``order`` a row of
+yours; ``aggregate_id`` is a ``str``. (tests/integration/test_docs.py runs this example.)
 """
 
 from importlib import import_module
