@@ -47,7 +47,6 @@ EXTRA_OF_LIBRARY = {
     "pandas": "lake",
     "numpy": "lake",
     "duckdb": "lake",
-    "rich": "stack",
 }
 
 

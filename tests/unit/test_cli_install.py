@@ -57,7 +57,7 @@ def without(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         (["relay", "run"], "prometheus_client", "relay"),
         (["lake", "tables"], "deltalake", "lake"),
         (["reconcile"], "pyarrow", "lake"),
-        (["demo"], "rich", "stack"),
+        (["lake", "query", "SELECT 1"], "duckdb", "lake"),
     ],
 )
 def test_a_command_without_its_extra_names_the_extra_to_install(
@@ -71,6 +71,7 @@ def test_a_command_without_its_extra_names_the_extra_to_install(
     assert result.exit_code == 2, (result.stdout, result.stderr)
     [line] = result.stderr.splitlines()
     assert "unexpected" not in line and "report it" not in line
-    assert f"outbox {' '.join(command)}" in line
+    path = " ".join(word for word in command if not word.startswith(("-", "SELECT")))
+    assert f"`outbox {path}`" in line
     assert f"needs the {extra} extra" in line
     assert f"pip install 'outbox-relay[{extra}]'" in line
