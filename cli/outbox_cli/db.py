@@ -67,11 +67,12 @@ def database_url_of(url: str | None, url_file: Path | None) -> str:
             )
     else:
         return load(DatabaseSettings).database_url.get_secret_value()
-    if not url.startswith(("postgresql://", "postgresql+psycopg://")):
-        raise ConfigurationError(
-            f"{where}: not a PostgreSQL URL; use e.g. postgresql+psycopg://user@host:5432/db"
-        )
-    return url
+    from outbox import sqlalchemy_url
+
+    try:
+        return sqlalchemy_url(url)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{where}: {error}") from None
 
 
 def _has_password(url: str) -> bool:

@@ -33,8 +33,10 @@ def run(
     """
     from outbox.settings import DatabaseSettings, OutboxSettings
     from outbox_connect.settings import ConnectorSettings
+    from outbox_relay.database import libpq_conninfo
     from outbox_relay.health import HealthServer
     from outbox_relay.logs import configure_json_logging
+    from outbox_relay.metrics import RelayMetrics, SlotWatch
     from outbox_relay.service import Relay
     from outbox_relay.settings import RelaySettings
 
@@ -45,12 +47,15 @@ def run(
     database_url = load(DatabaseSettings).database_url.get_secret_value()
     tables = load(OutboxSettings).tables
     configure_json_logging(log_level.upper())
+    # The replication slots' state for /metrics, read on a thread and connection of its own.
+    slots = SlotWatch(libpq_conninfo(database_url))
     relay = Relay(
         settings,
         database_url=database_url,
         bootstrap_servers=bootstrap_servers(),
         tables=tables,
         cdc_topic_prefix=load(ConnectorSettings).topic_prefix,
+        metrics=RelayMetrics(slots=slots.latest),
     )
     stop = threading.Event()
 
@@ -63,11 +68,13 @@ def run(
     if settings.http_port:
         server = HealthServer(settings.http_host, settings.http_port, relay.liveness, relay.metrics)
         server.start()
+        slots.start()
     try:
         relay.run(stop)  # a start-up check that fails: its message, exit 2 (outbox_cli.main)
     finally:
         if server is not None:
             server.stop()
+        slots.close()
 
 
 @app.command()

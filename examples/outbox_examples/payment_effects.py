@@ -20,12 +20,9 @@ transaction. Run it beside the order service::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
@@ -35,13 +32,10 @@ from sqlalchemy import Engine, MetaData, String, create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from outbox.consumer import IdempotentConsumer, ReceivedEvent
-from outbox.effects import (
-    EffectNotPerformedError,
-    EffectOutcome,
-    Effects,
-    EffectStep,
-    LookupAnswer,
-)
+from outbox.effects import EffectOutcome, Effects
+from outbox_examples.payment_client import ProviderClient
+
+__all__ = ["Charge", "ProviderClient", "consumer", "create_schema", "handler", "main"]
 
 SCHEMA = "billing"
 EFFECT = "charge"
@@ -63,58 +57,6 @@ def create_schema(engine: Engine) -> None:
     with engine.begin() as connection:
         connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
         Base.metadata.create_all(connection)
-
-
-class ProviderClient:
-    """The provider's API, as the ledger's ``call`` and ``lookup`` (stdlib HTTP, 5 s timeout).
-
-    ``settle_after`` is the charge effect's settle time: how long after a charge request is
-    sent the provider may still make it or not yet show it to ``find``. It is the provider's
-    processing time (which our timeout does not cut short) plus the lag of its lookup, with
-    margin; not our timeout.
-    """
-
-    def __init__(
-        self, url: str, timeout: float = 5.0, settle_after: timedelta = timedelta(seconds=30)
-    ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--provider {url!r}: give an http:// or https:// URL")
-        self.url = url.rstrip("/")  # only http(s): the urlopen calls below are safe (S310)
-        self.timeout = timeout
-        self.settle_after = settle_after
-
-    def charge(self, step: EffectStep) -> str:
-        """POST the charge with the step's idempotency key; the provider's charge id."""
-        request = urllib.request.Request(  # noqa: S310
-            f"{self.url}/charges",
-            data=json.dumps(step.context).encode(),
-            headers={"Idempotency-Key": str(step.idempotency_key)},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:  # noqa: S310
-                return str(json.load(answer)["id"])
-        except urllib.error.HTTPError as error:
-            if 400 <= error.code < 500:  # refused: certainly no charge was made
-                raise EffectNotPerformedError(f"the provider refused: {error.code}") from error
-            raise  # 5xx: it may or may not have charged; the ledger keeps the step started
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, ConnectionRefusedError):  # never reached the provider
-                raise EffectNotPerformedError("the provider refused the connection") from error
-            raise  # a timeout: the request may have arrived, and may yet be charged
-
-    def find(self, step: EffectStep) -> LookupAnswer:
-        """Ask the provider whether a charge with the step's key exists."""
-        query = f"{self.url}/charges?idempotency_key={step.idempotency_key}"
-        try:
-            with urllib.request.urlopen(query, timeout=self.timeout) as answer:  # noqa: S310
-                return LookupAnswer.happened(str(json.load(answer)["id"]))
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return LookupAnswer.not_happened()
-            return LookupAnswer.unknown(f"the provider answered {error.code}")
-        except OSError as error:
-            return LookupAnswer.unknown(f"the provider is unreachable: {type(error).__name__}")
 
 
 def handler(
@@ -161,7 +103,7 @@ def consumer(
     client: ProviderClient | None = None,
 ) -> tuple[IdempotentConsumer[Session], Effects]:
     """The billing consumer (inbox name ``billing``) and its ledger (its own transactions)."""
-    ledger = Effects(consumer="billing", begin=engine.begin)
+    ledger = Effects(consumer="billing", begin=engine.begin, max_wait=timedelta(seconds=30))
     client = client if client is not None else ProviderClient(provider_url)
     service = IdempotentConsumer(
         name="billing",

@@ -2,10 +2,12 @@
 
 They keep their own version table (``outbox_alembic_version`` in the outbox schema), so they
 live beside an application's own Alembic history without touching it. Run them with the CLI
-(``outbox db upgrade``) or from code, for example at the end of your own ``env.py``::
+(``outbox db upgrade``) or from code, for example at the end of your own ``env.py``, on
+``alembic upgrade`` only (examples/alembic_app/env.py)::
 
     import outbox_migrations
-    outbox_migrations.upgrade(connection)        # a SQLAlchemy Connection; you commit
+    if outbox_migrations.is_alembic_upgrade(context):
+        outbox_migrations.upgrade(connection)    # a SQLAlchemy Connection; you commit
 
 They run on the connection they are given, inside its transaction, without an Alembic
 environment of their own, so calling them from inside another ``env.py`` is safe. Schema and
@@ -40,6 +42,7 @@ __all__ = [
     "grant_consumer",
     "grant_publisher",
     "grant_relay",
+    "is_alembic_upgrade",
     "register_types",
     "upgrade",
 ]
@@ -60,6 +63,17 @@ def upgrade(
 
     connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {settings.tables.quoted_schema}"))
     _run(connection, settings, script, steps)
+
+
+def is_alembic_upgrade(context: Any) -> bool:
+    """Whether the Alembic command running your ``env.py`` is an online upgrade
+    (``alembic upgrade``, ``alembic.command.upgrade``): ``context`` is the ``alembic.context``
+    your ``env.py`` configured. The outbox's migrations should follow yours then, and only
+    then: ``current``, ``check``, ``history``, ``stamp`` and ``downgrade`` run ``env.py``
+    too, and ``--sql`` renders a script without a connection to migrate."""
+    migration = context.get_context()
+    command = getattr(migration.opts.get("fn"), "__name__", None)  # as alembic.command names it
+    return command == "upgrade" and not migration.as_sql
 
 
 def downgrade(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -290,3 +292,52 @@ def test_cli_reads_the_database_url_from_a_file(
     assert refused.returncode == 2
     assert "--database-url-file" in refused.stderr and "OUTBOX_DATABASE_URL" in refused.stderr
     assert empty_database.cluster.password() not in refused.stderr + refused.stdout
+
+
+ALEMBIC_APP = Path(__file__).resolve().parents[2] / "examples" / "alembic_app"
+
+
+def outbox_revision(database: ScratchDatabase) -> str | None:
+    with database.connect() as connection:
+        found = connection.execute(
+            "SELECT to_regclass('outbox.outbox_alembic_version') IS NOT NULL"
+        ).fetchone()
+        if not found or not found[0]:
+            return None
+        row = connection.execute("SELECT version_num FROM outbox.outbox_alembic_version").fetchone()
+        return None if row is None else str(row[0])
+
+
+def test_the_documented_env_py_migrates_the_outbox_on_upgrade_only(
+    empty_database: ScratchDatabase,
+) -> None:
+    """examples/alembic_app (the recipe of docs/application-developers.md): `alembic current`,
+    `history`, `stamp` and `downgrade` leave the outbox alone; `alembic upgrade` migrates the
+    application, then the outbox, on the same connection."""
+
+    def alembic(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_APP / "alembic.ini"), *args],
+            env={**os.environ, "OUTBOX_DATABASE_URL": empty_database.url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    head = ScriptDirectory(str(outbox_migrations.SCRIPT_LOCATION)).get_current_head()
+    alembic("current")
+    assert outbox_revision(empty_database) is None, "`alembic current` migrated the outbox"
+    alembic("upgrade", "head")
+    assert outbox_revision(empty_database) == head
+    assert "app_0001 (head)" in alembic("current")
+    alembic("downgrade", "base")
+    assert outbox_revision(empty_database) == head, "the application's downgrade is its own"
+    with empty_database.connect() as connection:
+        row = connection.execute("SELECT to_regclass('public.orders') IS NULL").fetchone()
+        assert row == (True,)
+    alembic("stamp", "head")
+    alembic("upgrade", "head")  # nothing of the application's left to run: the outbox's ran
+    assert outbox_revision(empty_database) == head

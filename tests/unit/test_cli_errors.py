@@ -59,6 +59,17 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
         UNREACHABLE_DATABASE,
     ),
     (["db", "current"], {"OUTBOX_SCHEMA_NAME": "x;y", **NO_DATABASE}, "OUTBOX_SCHEMA_NAME"),
+    # SQLAlchemy reads postgresql:// as psycopg2 (not installed): the setting means psycopg 3.
+    (
+        ["db", "current"],
+        {"OUTBOX_DATABASE_URL": f"postgresql://u:s3cret-pw@127.0.0.1:{CLOSED}/x"},
+        UNREACHABLE_DATABASE,
+    ),
+    (
+        ["db", "current", "--database-url", f"postgresql://u@127.0.0.1:{CLOSED}/x"],
+        {},
+        UNREACHABLE_DATABASE,
+    ),
     (["connect", "apply"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
     (["connect", "status"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
     (["connect", "status"], {"OUTBOX_CONNECT_URL": f"http://127.0.0.1:{CLOSED}"}, "reached"),
