@@ -80,6 +80,7 @@ class FaultInjector:
             Kind.RELAY_KILL: self._kill_leading_relay,
             Kind.LAKE_KILL: self._kill_lake_job,
             Kind.POSTGRES_KILL: self._kill_postgres,
+            Kind.BROKER_KILL: self._kill_broker,
             Kind.BROKER_PAUSE: self._pause_broker,
             Kind.NETWORK_CUT: self._cut_relay_network,
             Kind.CONNECTOR_RECREATE: self._recreate_connector,
@@ -158,6 +159,26 @@ class FaultInjector:
         self._services.restart_postgres()
         connector = self._connector_back()
         return f"postmaster {pid} killed; restarted; connector: {connector}"
+
+    def _kill_broker(self, fault: PlannedFault) -> str:
+        """``kill -9`` of the broker, then ``up`` (Kafka recovers its logs); Connect, the
+        relays and the lake job carry on by themselves, only a failed connector task is
+        restarted, as after any broker outage."""
+        broker = self._services.stack.broker
+        if broker is None:
+            raise RuntimeError("the stack has no broker of its own to kill")
+        pid = broker.process.pid()
+        broker.process.signal(signal.SIGKILL)
+        wait_until(lambda: not broker.process.is_running(), timeout=30, what="the broker gone")
+        self._hold(fault)
+        started = time.monotonic()
+        broker.up()
+        up = time.monotonic() - started
+        connector = self._connector_back()
+        return (
+            f"pid {pid} killed; started again (pid {broker.process.pid()}), answering after "
+            f"{up:.0f} s; connector: {connector}"
+        )
 
     def _pause_broker(self, fault: PlannedFault) -> str:
         broker = self._services.stack.broker

@@ -31,6 +31,13 @@ def test_the_schedule_has_every_kind_as_often_as_asked_some_together_and_replays
     assert Counter(fault.kind for fault in short) == dict.fromkeys(Kind, 1)
 
 
+def test_the_broker_is_killed_as_well_as_paused_in_every_profile() -> None:
+    for per_kind in (1, 2):
+        kinds = Counter(f.kind for f in plan_faults(5, load_seconds=100, per_kind=per_kind))
+        assert kinds[Kind.BROKER_KILL] == kinds[Kind.BROKER_PAUSE] == per_kind
+    assert RESOURCE[Kind.BROKER_KILL] == RESOURCE[Kind.BROKER_PAUSE] == "broker"
+
+
 class Pipeline:
     """A ground truth and what Kafka and the lake hold, written event by event."""
 
