@@ -1,6 +1,6 @@
 """The pipeline a chaos run drives, on a native stack of its own, and how it is restarted.
 
-- The local stack (``stack.local.LocalStack``: PostgreSQL, the broker on its object store,
+- The local stack (``stack.local.LocalStack``: PostgreSQL, the broker (Apache Kafka),
   Kafka Connect) in ``OUTBOX_CHAOS_STACK_DIR`` on free loopback ports, deleted and made
   again at every run, so nothing of an earlier run (a connector, a topic) takes part;
 - the outbox migrated, a CDC role and a relay role, the connector applied (heartbeat every
@@ -11,13 +11,14 @@
 
 The ``restart_*`` and ``ensure_*`` methods are what an operator (or a supervisor) does after
 a fault; every wait has a deadline. One lock per service (:attr:`ChaosServices.locks`): a
-fault holds it from injection to recovery, and the watchdog (:mod:`chaos.faults`) leaves a
-service alone while its lock is held.
+fault holds it from injection to recovery, and the watchdog (:mod:`chaos.watchdog`) leaves a
+service alone while its lock is held; :meth:`ChaosServices.components` is what it watches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -35,6 +36,7 @@ import sqlalchemy as sa
 import outbox_migrations
 from chaos.plans import ACCOUNT, ORDER, schema_statements
 from chaos.settings import ROOT, ChaosSettings
+from chaos.watchdog import Component, exit_status
 from outbox import OutboxSettings
 from outbox.settings import KafkaSettings
 from outbox_connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
@@ -46,7 +48,7 @@ from tests.fix_proxy import TcpProxy
 from tests.fix_relay import RelayProcess, wait_until
 from tests.fix_stack import stack_settings
 
-__all__ = ["OUTBOX_COMMAND", "RESOURCES", "ChaosServices"]
+__all__ = ["OUTBOX_COMMAND", "RESOURCES", "ChaosServices", "service_stopped"]
 
 CDC_ROLE = "chaos_cdc"
 RELAY_ROLE = "chaos_relay"
@@ -199,6 +201,120 @@ class ChaosServices:
             port=http_port,
         )
 
+    # --- what the watchdog watches ---------------------------------------------------------
+
+    def components(self) -> list[Component]:
+        """Every component of the pipeline, for the watchdog: how to tell that it stopped,
+        its log, how to start it again. The connector is watched only while no fault acts on
+        PostgreSQL, the broker or Connect (each of which fails its task until brought back)."""
+        connect = self.stack.connect.process
+        found = [
+            Component(
+                f"relay {number}",
+                ("relay",),
+                functools.partial(self._relay_stopped, number),
+                relay.log,
+                functools.partial(self._start_relay, number),
+            )
+            for number, relay in enumerate(self.relays)
+        ]
+        found.append(
+            Component(
+                "lake job",
+                ("lake",),
+                lambda: service_stopped(self.lake),
+                self.lake.log_file,
+                self._restart_lake,
+            )
+        )
+        found.append(
+            Component(
+                "PostgreSQL",
+                ("postgres",),
+                lambda: None if self.stack.postgres.is_running() else "the postmaster is gone",
+                self.stack.postgres.log_file,
+                self._restart_postgres,
+            )
+        )
+        if self.stack.broker is not None:
+            broker = self.stack.broker
+            found.append(
+                Component(
+                    "broker",
+                    ("broker",),
+                    lambda: service_stopped(broker.process),
+                    broker.process.log_file,
+                    lambda: f"started again (pid {broker.up().pid})",
+                )
+            )
+        found.append(
+            Component(
+                "Connect",
+                ("connect",),
+                lambda: service_stopped(connect),
+                connect.log_file,
+                self._restart_connect,
+            )
+        )
+        found.append(
+            Component(
+                "connector",
+                ("connect", "postgres", "broker"),
+                self._connector_stopped,
+                connect.log_file,
+                self._restart_connector,
+            )
+        )
+        return found
+
+    def _relay_stopped(self, number: int) -> str | None:
+        process = self.relays[number].process
+        if process is None or process.poll() is None:
+            return None
+        code = process.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+        return f"pid {process.pid} {how}"
+
+    def _start_relay(self, number: int) -> str:
+        self.relays[number].start()
+        process = self.relays[number].process
+        return f"started again (pid {process.pid if process else None})"
+
+    def _restart_lake(self) -> str:
+        self.lake.stop(timeout=60, group=True)  # the Spark JVM may outlive the job's Python
+        self.start_lake()
+        return f"started again (pid {self.lake.pid()})"
+
+    def _restart_postgres(self) -> str:
+        self.restart_postgres()
+        return f"started again (postmaster {self.stack.postgres.pid()})"
+
+    def _restart_connect(self) -> str:
+        self.restart_connect()
+        return f"started again (pid {self.stack.connect.process.pid()})"
+
+    def _connector_stopped(self) -> str | None:
+        """The connector failed or missing, Connect running (Connect down is its own halt)."""
+        if not self.stack.connect.process.is_running():
+            return None
+        state = self.connect_client.state(self.connector.name)
+        if state is None:
+            return "the connector is missing"
+        if not (state.failed_tasks or state.connector == "FAILED"):
+            return None
+        tasks = "; ".join(
+            f"task {task} {task_state}" + (f": {(trace or '').splitlines()[:1]}" if trace else "")
+            for task, task_state, trace in state.tasks
+        )
+        return f"connector {state.connector} ({tasks or 'no task'})"
+
+    def _restart_connector(self) -> str:
+        if self.connect_client.state(self.connector.name) is None:
+            self.apply_connector()
+            return "applied again"
+        self.connect_client.restart(self.connector.name)
+        return "restarted with its tasks"
+
     # --- PostgreSQL ------------------------------------------------------------------------
 
     def kill_postgres(self) -> int:
@@ -241,16 +357,19 @@ class ChaosServices:
         self.connect_client.apply(self.connector.name, config)
 
     def ensure_connector(self, timeout: float = CONNECTOR_TIMEOUT_SECONDS) -> str:
-        """What an operator does until the connector runs: start Connect if it is down,
-        apply the connector if it is missing, restart it and its failed tasks. What was
-        done, in words."""
+        """What an operator does until the connector runs: apply the connector if it is
+        missing, restart it and its failed tasks. What was done, in words. Connect itself
+        must be running: a worker that stopped on its own is a halt for the watchdog to
+        report, never started again here unseen."""
         done: dict[str, None] = {}  # what was done, once each, in order
         deadline = time.monotonic() + timeout
         while True:
+            if not self.stack.connect.process.is_running():
+                raise ConnectError(
+                    f"Kafka Connect is not running (it stopped on its own); see "
+                    f"{self.stack.connect.process.log_file}"
+                )
             try:
-                if not self.stack.connect.process.is_running():
-                    self.restart_connect()
-                    done["Connect started"] = None
                 state = self.connect_client.state(self.connector.name)
                 if state is None:
                     self.apply_connector()
@@ -342,3 +461,14 @@ class ChaosServices:
                 f"SELECT count(*) FROM {tables.qualified_outbox}"  # noqa: S608 - quoted name
             ).fetchone()
         return int(row[0]) if row else 0
+
+
+def service_stopped(process: ServiceProcess) -> str | None:
+    """None while ``process`` runs; else how it ended (its pid file names the last one)."""
+    if process.is_running():
+        return None
+    try:
+        pid = int(process.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return "not running (no pid file)"
+    return exit_status(pid)
