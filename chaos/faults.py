@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psycopg
+
 from chaos.schedule import RESOURCE, Kind, PlannedFault
 from chaos.services import ChaosServices
 from chaos.watchdog import Clock, exit_status
@@ -192,11 +194,16 @@ class FaultInjector:
         )
 
     def _recreate_connector(self, fault: PlannedFault) -> str:
-        client = self._services.connect_client
-        client.delete(self._services.connector.name)
+        """Deleted and applied again under the same name: Connect keeps a deleted connector's
+        source offsets and the slot stays (the connector never drops it), so the new one
+        resumes from its offsets on its slot; ``ensure_connector`` waits until CDC confirms
+        again. A slot gone while the connector was deleted fails the fault."""
+        services = self._services
+        services.connect_client.delete(services.connector.name)
         self._hold(fault)
-        connector = self._services.ensure_connector()  # applies it (again while refused)
-        return f"deleted for {fault.hold:g} s, applied again; connector: {connector}"
+        slot = _slot_while_deleted(services)
+        connector = services.ensure_connector()  # applies it (again while refused)
+        return f"deleted for {fault.hold:g} s ({slot}), applied again; connector: {connector}"
 
     def _delete_lake_checkpoint(self, fault: PlannedFault) -> str:
         lake = self._services.lake
@@ -214,3 +221,23 @@ class FaultInjector:
             how = "with the job stopped (a re-ingest)"
         self._services.start_lake()
         return f"deleted {how}; the job started again from no checkpoint"
+
+
+def _slot_while_deleted(services: ChaosServices) -> str:
+    """The slot, while its connector is deleted: still there (asked again while PostgreSQL
+    restarts, up to a minute), or the fault fails."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            position = services.slot_position()
+        except psycopg.Error:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+            continue
+        if position is None:
+            raise RuntimeError(
+                f"slot {services.connector.slot_name} was dropped with the connector: the "
+                "connector re-applied would refuse its stored offsets"
+            )
+        return f"slot {services.connector.slot_name} kept"

@@ -358,9 +358,11 @@ class ChaosServices:
 
     def ensure_connector(self, timeout: float = CONNECTOR_TIMEOUT_SECONDS) -> str:
         """What an operator does until the connector runs: apply the connector if it is
-        missing, restart it and its failed tasks. What was done, in words. Connect itself
-        must be running: a worker that stopped on its own is a halt for the watchdog to
-        report, never started again here unseen."""
+        missing, restart it and its failed tasks; then wait until CDC confirms a newer
+        position on its slot (RUNNING alone proves nothing: the relays in auto mode would
+        deliver everything while CDC stood still, and the run would pass). What was done,
+        in words. Connect itself must be running: a worker that stopped on its own is a halt
+        for the watchdog to report, never started again here unseen."""
         done: dict[str, None] = {}  # what was done, once each, in order
         deadline = time.monotonic() + timeout
         while True:
@@ -375,7 +377,10 @@ class ChaosServices:
                     self.apply_connector()
                     done["connector applied"] = None
                 elif state.running:
-                    return ", ".join(done) or "running"
+                    confirmed = self._cdc_confirms(min(deadline, time.monotonic() + 30))
+                    if confirmed is not None:
+                        done[f"CDC confirming ({confirmed})"] = None
+                        return ", ".join(done)
                 elif state.failed_tasks or state.connector == "FAILED":
                     self.connect_client.restart(self.connector.name)
                     done["failed tasks restarted"] = None
@@ -384,10 +389,45 @@ class ChaosServices:
                     raise ConnectError(f"the connector is not running: {error}") from error
             if time.monotonic() > deadline:
                 raise ConnectError(
-                    f"the connector is not running after {timeout:.0f} s; see "
-                    f"{self.stack.connect.process.log_file}"
+                    f"the connector is not running, or CDC confirms nothing, after "
+                    f"{timeout:.0f} s (slot {self.connector.slot_name} at "
+                    f"{self._slot_text()}); see {self.stack.connect.process.log_file}"
                 )
             time.sleep(1)
+
+    def slot_position(self) -> int | None:
+        """Where the connector's slot is confirmed up to (bytes of WAL); None without it."""
+        with psycopg.connect(self.conninfo, connect_timeout=5) as connection:
+            row = connection.execute(
+                "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (self.connector.slot_name,),
+            ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def _slot_text(self) -> str:
+        try:
+            position = self.slot_position()
+        except psycopg.Error as error:
+            return f"unknown: {type(error).__name__}"
+        return "no slot" if position is None else _lsn(position)
+
+    def _cdc_confirms(self, until: float) -> str | None:
+        """Wait until the slot's confirmed position moves past where it is now (the writers'
+        commits and the connector's heartbeat, every second, give it WAL to confirm): the
+        position it reached, or None by ``until``."""
+        start: int | None = None
+        while time.monotonic() < until:
+            try:
+                position = self.slot_position()
+            except psycopg.Error:
+                position = None  # PostgreSQL restarting: ask again
+            if start is None:
+                start = position
+            elif position is not None and position > start:
+                return f"slot at {_lsn(position)}"
+            time.sleep(0.5)
+        return None
 
     # --- relays ----------------------------------------------------------------------------
 
@@ -472,3 +512,8 @@ def service_stopped(process: ServiceProcess) -> str | None:
     except (OSError, ValueError):
         return "not running (no pid file)"
     return exit_status(pid)
+
+
+def _lsn(position: int) -> str:
+    """A WAL position as PostgreSQL writes it (``0/1A8B108``)."""
+    return f"{position >> 32:X}/{position & 0xFFFFFFFF:X}"
