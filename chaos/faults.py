@@ -111,11 +111,9 @@ class FaultInjector:
         process.signal(signal.SIGKILL)
         wait_until(lambda: not process.is_running(), timeout=30, what="Connect gone")
         self._hold(fault)
-        self._services.restart_connect()
+        started = self._services.restart_connect()
         connector = self._services.ensure_connector()
-        return (
-            f"pid {pid} killed; Connect started again (pid {process.pid()}); connector: {connector}"
-        )
+        return f"pid {pid} killed; Connect {started}; connector: {connector}"
 
     def _kill_leading_relay(self, fault: PlannedFault) -> str:
         number = self._services.leader(timeout=30)

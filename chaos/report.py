@@ -102,7 +102,7 @@ def checks_table(checks: Checks, reconcile: ReconcileRun) -> Table:
 def halts_report(halts: list[Halt]) -> Group:
     """Each halt (a component that stopped outside any fault: the run fails), then its log's
     last lines as the watchdog found them."""
-    table = Table(title="Halts: stopped outside any fault (each fails the run)")
+    table = Table(title="Halts: found stopped outside any fault (each fails the run)")
     table.add_column("t+")
     table.add_column("component")
     table.add_column("what")

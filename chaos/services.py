@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ from outbox import OutboxSettings
 from outbox.settings import KafkaSettings
 from outbox_connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
 from outbox_lake.settings import LakeSettings
+from outbox_stack.errors import StackError
 from outbox_stack.local import LocalStack
 from outbox_stack.process import ServiceProcess
 from tests.fix_postgres import free_port
@@ -253,7 +255,7 @@ class ChaosServices:
                 ("connect",),
                 lambda: service_stopped(connect),
                 connect.log_file,
-                self._restart_connect,
+                self.restart_connect,
             )
         )
         found.append(
@@ -288,10 +290,6 @@ class ChaosServices:
     def _restart_postgres(self) -> str:
         self.restart_postgres()
         return f"started again (postmaster {self.stack.postgres.pid()})"
-
-    def _restart_connect(self) -> str:
-        self.restart_connect()
-        return f"started again (pid {self.stack.connect.process.pid()})"
 
     def _connector_stopped(self) -> str | None:
         """The connector failed or missing, Connect running (Connect down is its own halt)."""
@@ -345,8 +343,42 @@ class ChaosServices:
 
     # --- Connect and the connector ----------------------------------------------------------
 
-    def restart_connect(self) -> None:
-        self.stack.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password})
+    def restart_connect(self, timeout: float = CONNECTOR_TIMEOUT_SECONDS) -> str:
+        """Start Connect, and again while it exits during start-up, as a supervisor would: a
+        worker that cannot reach the broker (killed or paused by an overlapping fault) stops
+        after a minute ("Failed to connect to and describe Kafka cluster"). Each new attempt
+        waits until the broker's port accepts connections. What it took, in words."""
+        deadline = time.monotonic() + timeout
+        exits: list[str] = []
+        while True:
+            try:
+                self.stack.connect.up(
+                    secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password}
+                )
+            except StackError:
+                if time.monotonic() > deadline or self.stack.connect.process.is_running():
+                    raise
+                exits.append(_cause(self.stack.connect.process.tail(30)))
+                wait_until(
+                    self._broker_accepts,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    what="the broker accepting connections, to start Connect again",
+                )
+                continue
+            pid = self.stack.connect.process.pid()
+            if not exits:
+                return f"started (pid {pid})"
+            return f"started (pid {pid}) after {len(exits)} exit(s) during start-up: " + "; ".join(
+                dict.fromkeys(exits)
+            )
+
+    def _broker_accepts(self) -> bool:
+        host, _, port = self.bootstrap_servers.split(",")[0].rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return True
+        except OSError:
+            return False
 
     @property
     def cdc_password(self) -> str:
@@ -517,3 +549,9 @@ def service_stopped(process: ServiceProcess) -> str | None:
 def _lsn(position: int) -> str:
     """A WAL position as PostgreSQL writes it (``0/1A8B108``)."""
     return f"{position >> 32:X}/{position & 0xFFFFFFFF:X}"
+
+
+def _cause(log: list[str]) -> str:
+    """The reason a Java service gave for stopping: its log's last ERROR line."""
+    errors = [line for line in log if " ERROR " in line or line.startswith("org.apache")]
+    return (errors[-1] if errors else (log[-1] if log else "no log"))[:200]

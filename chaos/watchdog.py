@@ -54,7 +54,7 @@ class Halt:
     @property
     def problem(self) -> str:
         return (
-            f"{self.component} stopped outside any fault at t+{self.at:g}s: {self.what} "
+            f"{self.component} found stopped outside any fault at t+{self.at:g}s: {self.what} "
             f"(log: {self.log_file})"
         )
 

@@ -233,7 +233,7 @@ def test_a_component_that_stops_outside_a_fault_fails_the_run_with_its_last_log_
     assert len(watchdog.halts) == 1, "one halt, recorded once"
     found = problems([], 1, [], caught_up=True, halts=watchdog.halts)
     assert found == [
-        f"lake job stopped outside any fault at t+{halt.at:g}s: exited with status 1 "
+        f"lake job found stopped outside any fault at t+{halt.at:g}s: exited with status 1 "
         f"(log: {tmp_path / 'lake-ingest.log'})"
     ]
     console = Console(record=True, width=200)
