@@ -137,7 +137,7 @@ def run(settings: ChaosSettings, console: Console) -> bool:
             f"{sum(w.kills['drop'] for w in writers):,}"
         )
         figures["writer errors"] = sum(1 for w in writers if w.error is not None)
-        figures["halts (stopped outside any fault)"] = len(watchdog.halts)
+        figures["halts (found stopped outside any fault)"] = len(watchdog.halts)
         console.print(faults_table(injector.injected, settings.least_per_kind))
         console.print(figures_table(figures))
         if watchdog.halts:
