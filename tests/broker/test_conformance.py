@@ -223,32 +223,38 @@ def test_metadata_gives_each_topic_an_id_and_a_recreated_topic_a_new_one(
     past where the lake stood, or a broker replaced under its checkpoint, is told apart from
     the log the lake read only by its id (Kafka 2.8+, KIP-516). Without ids that stays silent
     (docs/operations.md, 'Data loss')."""
-    from outbox_lake.kafka_source import _consumer, _topic_id
-
     topic = new_topic()
     create(broker_under_test, topic, 1)
-    reader = _consumer(broker_under_test.bootstrap_servers)  # the lake's own consumer
     admin = KafkaAdminClient(bootstrap_servers=broker_under_test.bootstrap_servers.split(","))
+
+    def topic_id(name: str) -> str | None:
+        """The topic's id in fresh metadata, once the broker lists it (None: no id)."""
+        deadline = time.monotonic() + 30
+        while True:
+            (described,) = admin.describe_topics([name])
+            if described["error_code"] == 0:
+                found = described.get("topic_id")
+                zero = "00000000-0000-0000-0000-000000000000"
+                return None if found in (None, zero) else str(found)
+            assert time.monotonic() < deadline, f"{name} not in the metadata after 30 s"
+            time.sleep(0.2)  # metadata propagates: nothing else to await
+
     try:
-        assert topic in reader.topics()
-        first = _topic_id(reader, topic)
+        first = topic_id(topic)
         assert first is not None, f"{broker_under_test.name} gives topics no id in its metadata"
         auto = new_topic()  # how outbox topics come to be: Debezium's or the relay's first send
         producer.send(auto, value=b"first").get(timeout=30)
-        assert auto in reader.topics()
-        assert _topic_id(reader, auto) not in (None, first), "a topic made on first produce"
+        assert topic_id(auto) not in (None, first), "a topic made on first produce"
         admin.delete_topics([topic])
         deadline = time.monotonic() + 30
         while topic in admin.list_topics():
             assert time.monotonic() < deadline, f"{topic} still listed 30 s after its deletion"
             time.sleep(0.2)
         admin.create_topics([NewTopic(topic, 1, 1)])
-        assert topic in reader.topics()
-        second = _topic_id(reader, topic)
+        second = topic_id(topic)
         assert second is not None and second != first, (first, second)
     finally:
         admin.close()
-        reader.close()
 
 
 def test_end_offsets_count_every_acknowledged_record(
