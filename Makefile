@@ -31,7 +31,7 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
 
-## test-broker: the broker conformance suite, on both local engines or on your own cluster:
+## test-broker: the broker conformance suite, on the local Apache Kafka or on your own cluster:
 ## `make test-broker OUTBOX_KAFKA_BOOTSTRAP_SERVERS=host:port`
 test-broker: $(STAMP)
 	$(BIN)/pytest tests/broker $(PYTEST_ARGS)
@@ -46,7 +46,7 @@ chaos: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy -p outbox -p outbox_cli -p outbox_connect -p outbox_examples -p outbox_lake -p outbox_migrations -p outbox_reconcile -p outbox_relay -p outbox_stack -p chaos
+	$(BIN)/mypy -p outbox -p outbox_cli -p outbox_connect -p outbox_examples -p outbox_lake -p outbox_migrations -p outbox_reconcile -p outbox_relay -p outbox_stack -p chaos -p tools
 
 ## bench: every benchmark, then docs/benchmarks.md with plots and JSON results (ARGS=--quick: smoke sizes)
 bench: $(STAMP)

@@ -9,12 +9,16 @@ how much CPU each process of the pipeline used.
 - :class:`CpuMeter` sums the CPU time of a process tree (live processes, plus the children
   each of them has already reaped), so that short-lived PostgreSQL backends and Spark's
   Python workers are counted too.
+- :class:`MemorySampler` samples the resident memory (RSS) of named processes (the broker's
+  and Connect's JVMs): an idle figure before the load, the peak while it runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +27,7 @@ from urllib.parse import unquote
 import psutil
 import pyarrow.parquet as pq
 
-__all__ = ["CpuMeter", "DeltaLogFollower", "own_cpu_seconds"]
+__all__ = ["CpuMeter", "DeltaLogFollower", "MemorySampler", "own_cpu_seconds", "resident_bytes"]
 
 
 @dataclass
@@ -101,6 +105,69 @@ class CpuMeter:
             for name, process in self._processes.items()
         }
         return {name: round(seconds / wall, 2) for name, seconds in self.cpu_seconds.items()}
+
+
+def resident_bytes(pid: int) -> int | None:
+    """The resident memory (RSS, ``VmRSS`` of ``/proc/<pid>/status``) of one process, in
+    bytes; None once it has gone."""
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.NoSuchProcess:
+        return None
+
+
+@dataclass
+class MemorySampler:
+    """Resident memory of named processes, in bytes: :meth:`idle` samples them for a few
+    seconds before any load (the median), :meth:`start` and :meth:`stop` sample them every
+    ``interval`` seconds in a thread and keep each one's peak (the idle samples included:
+    a JVM's resident memory seldom shrinks, so the peak is never below the idle figure)."""
+
+    pids: dict[str, int]
+    interval: float = 0.25
+    peak: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def sample(self) -> dict[str, int]:
+        """One reading of every process still running; updates the peaks."""
+        found = {}
+        for name, pid in self.pids.items():
+            rss = resident_bytes(pid)
+            if rss is not None:
+                found[name] = rss
+                self.peak[name] = max(rss, self.peak.get(name, 0))
+        return found
+
+    def idle(self, seconds: float = 3.0) -> dict[str, int]:
+        """The median of each process's readings over ``seconds``."""
+        readings: dict[str, list[int]] = {name: [] for name in self.pids}
+        end = time.monotonic() + seconds
+        while True:
+            for name, rss in self.sample().items():
+                readings[name].append(rss)
+            if time.monotonic() >= end:
+                break
+            time.sleep(self.interval)  # sampling at a pace: there is no event to await
+        return {name: int(statistics.median(found)) for name, found in readings.items() if found}
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def stop(self) -> dict[str, int]:
+        """Stop sampling; each process's peak so far."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.sample()
+        return dict(self.peak)
 
 
 def own_cpu_seconds() -> float:

@@ -1,5 +1,6 @@
 """What the benchmark scripts share: the stack without Connect, a fresh migrated database,
-percentiles."""
+percentiles, what the figures ran on (versions from the pinned Java artifacts), and figures
+printed side by side."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ import sqlalchemy as sa
 
 import outbox_migrations
 from outbox import Event, Outbox
+from outbox_stack.artifacts import java_versions
 from outbox_stack.local import LocalStack
 
 __all__ = [
-    "engines_side_by_side",
+    "broker_name",
+    "connect_name",
     "fresh_database",
     "paced_writes",
     "percentile",
     "postgres_and_broker",
+    "side_by_side",
+    "stack_names",
 ]
 
 
@@ -84,18 +89,37 @@ def paced_writes(
                 every_100_ticks()
 
 
-def engines_side_by_side(
-    figures: dict[str, dict[str, float]], label: str
-) -> dict[str, dict[str, float]]:
-    """Print the broker engines' figures side by side (when both ran); the rounded figures
-    for the JSON results."""
-    if len(figures) > 1:
-        memory, s3 = figures["memory"], figures["s3"]
-        print(f"{label:<34} {'memory':>9} {'s3':>9} {'s3/memory':>10}")
-        for name in memory:
-            ratio = s3[name] / memory[name]
-            print(f"{name:<34} {memory[name]:>9,.0f} {s3[name]:>9,.0f} {ratio:>10.2f}")
-    return {
-        engine: {name: round(value, 1) for name, value in found.items()}
-        for engine, found in figures.items()
-    }
+def broker_name(stack: LocalStack) -> str:
+    """The broker the figures ran on: the stack's Apache Kafka (its version from the pinned
+    Java artifacts, ``outbox_stack/java/pom.xml``), or the external cluster named by
+    ``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` (its version is not known here, and its address is
+    left out of results that may be published)."""
+    if stack.broker is None:
+        return "external Kafka (OUTBOX_KAFKA_BOOTSTRAP_SERVERS)"
+    return f"Apache Kafka {java_versions()['kafka.version']} (KRaft, one node, loopback)"
+
+
+def connect_name() -> str:
+    """Kafka Connect and Debezium as the stack runs them (``connect-runtime`` is pinned to
+    the broker's Kafka version, Debezium to its own), from the pinned Java artifacts."""
+    versions = java_versions()
+    return f"Kafka Connect {versions['kafka.version']}, Debezium {versions['debezium.version']}"
+
+
+def stack_names(stack: LocalStack, *, connect: bool) -> str:
+    """What a result file records under ``stack``: the broker, and Connect when it was used."""
+    return f"{broker_name(stack)}; {connect_name()}" if connect else broker_name(stack)
+
+
+def side_by_side(title: str, columns: dict[str, dict[str, float]], digits: int = 0) -> None:
+    """Print figures with one column per name (rates, processes), one row per figure."""
+    names = list(columns)
+    rows = list(dict.fromkeys(row for column in columns.values() for row in column))
+    width = max([len(title), *map(len, rows)])
+    print(f"{title:<{width}} " + " ".join(f"{name:>10}" for name in names))
+    for row in rows:
+        cells = [
+            f"{columns[name][row]:>10,.{digits}f}" if row in columns[name] else f"{'-':>10}"
+            for name in names
+        ]
+        print(f"{row:<{width}} " + " ".join(cells))

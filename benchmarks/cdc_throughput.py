@@ -1,22 +1,26 @@
-"""CDC throughput and latency on the native stack: Debezium with and without the Event Router.
+"""CDC throughput, latency and memory on the native stack: Debezium with and without the
+Event Router, into Apache Kafka.
 
-Prints, from one run:
+Prints, from one run on the stack's broker (Apache Kafka, one KRaft node; or the cluster
+``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` names) and Kafka Connect in exactly-once source mode:
 
 1. events per second from commit to record on the broker, 100,000 small events written in
    one transaction, through the connector with the Outbox Event Router and through a raw
    connector (same rows, Debezium change events, no transform), and their ratio;
-2. commit-to-broker latency p50/p95/p99 at a steady 1,000 events/s (10 events every 10 ms,
-   for 30 s), with the Event Router.
+2. commit-to-broker latency p50/p95/p99 at a steady 1,000 and 5,000 events/s (10 and 50
+   events every 10 ms, for 30 s each), with the Event Router, side by side: from the
+   writer's commit to the moment a ``read_committed`` consumer read the record (Connect
+   writes each batch as a Kafka transaction: a record is readable once it commits);
+3. the resident memory (RSS) of the broker's and Connect's JVMs, side by side: idle (the
+   stack up, before this run's load) and the peak while it ran. A JVM keeps the memory it
+   grew into: the idle figure is the stack's at rest only when this run started the stack
+   (the output says whether it did; ``outbox stack down`` first to measure that).
 
 Both connectors read the same publication through slots of their own, one at a time.
 
-    python -m benchmarks.cdc_throughput               # about 3 minutes per engine
+    python -m benchmarks.cdc_throughput               # about 3 minutes
     python -m benchmarks.cdc_throughput --events 20000 --seconds 10
-    python -m benchmarks.cdc_throughput --engine s3   # one broker engine only
-
-By default it runs once per engine of the local broker (``memory``, then ``s3``: the stack's
-default, left running; Connect restarts with the broker) and ends with the headline figures
-side by side.
+    python -m benchmarks.cdc_throughput --rates 1000  # latency at one rate only
 """
 
 from __future__ import annotations
@@ -27,28 +31,41 @@ import platform
 import threading
 import time
 import uuid
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 from kafka import KafkaConsumer
 
 import outbox_migrations
+from benchmarks._probes import MemorySampler
 from benchmarks._results import Results
-from benchmarks._shared import engines_side_by_side, paced_writes, percentile
+from benchmarks._shared import (
+    broker_name,
+    connect_name,
+    paced_writes,
+    percentile,
+    side_by_side,
+    stack_names,
+)
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import event_id_of, topic_for
 from outbox_connect import ConnectClient, ConnectorSettings, render_connector_config
-from outbox_stack.local import LocalStack, stack_on
+from outbox_stack.local import LocalStack
 
 DATABASE = "outbox_bench_cdc"
 CDC_ROLE = "outbox_bench_cdc"
+# The connectors' names start so (then a run id); an interrupted run's are removed.
+CONNECTORS = ("benchrouted", "benchlatency", "benchraw")
+TICK_SECONDS = 0.010
+MIB = 2**20
 
 
 def wait_for_records(bootstrap: str, topic: str, count: int, timeout: float = 300) -> float:
     """Read the topic until ``count`` records came; return the moment the last one arrived.
 
-    (Counting records read, not end offsets: Tansu's end offsets are not record counts.)
-    """
+    Records read are counted, not end offsets compared: Connect writes transactions, and each
+    commit marker takes an offset of its own, so offsets are not record counts."""
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -87,6 +104,36 @@ def write_one_transaction(conninfo: str, aggregate_type: str, events: int) -> fl
         return time.monotonic()
 
 
+def remove_leftovers(connect_url: str, conninfo: str, prefixes: tuple[str, ...]) -> None:
+    """Delete the connectors an interrupted run left (their names start with one of
+    ``prefixes``), and their replication slots (``slot_<name>``), which keep WAL."""
+    client = ConnectClient(connect_url)
+    for name in client.call("GET", "/connectors"):
+        if name.startswith(prefixes):
+            client.delete(name)
+    with psycopg.connect(conninfo) as connection:
+        slots = [
+            row[0]
+            for row in connection.execute("SELECT slot_name FROM pg_replication_slots")
+            if row[0].startswith(tuple(f"slot_{prefix}" for prefix in prefixes))
+        ]
+    if slots:
+        drop_slots(conninfo, slots)
+
+
+def start_connector(settings: ConnectorSettings, config: dict[str, str]) -> ConnectClient:
+    client = ConnectClient(settings.url)
+    client.apply(settings.name, config)
+    client.wait_running(settings.name, timeout=120)
+    return client
+
+
+def stop_connector(client: ConnectClient, conninfo: str, settings: ConnectorSettings) -> None:
+    client.delete(settings.name)
+    # A later run of this connector must not replay the backlog the slot kept meanwhile.
+    drop_slots(conninfo, [settings.slot_name])
+
+
 def measure_throughput(
     stack: LocalStack,
     conninfo: str,
@@ -96,33 +143,23 @@ def measure_throughput(
     aggregate_type: str,
     events: int,
 ) -> float:
-    client = ConnectClient(settings.url)
-    client.apply(settings.name, config)
-    client.wait_running(settings.name, timeout=120)
-    committed = write_one_transaction(conninfo, aggregate_type, events)
-    start = committed
+    client = start_connector(settings, config)
+    start = write_one_transaction(conninfo, aggregate_type, events)
     done = wait_for_records(stack.bootstrap_servers, topic, events)
-    client.delete(settings.name)
-    # A later run of this connector must not replay the backlog the slot kept meanwhile.
-    drop_slots(conninfo, [settings.slot_name])
+    stop_connector(client, conninfo, settings)
     return events / (done - start)
 
 
-def measure_latency(
-    stack: LocalStack,
-    conninfo: str,
-    settings: ConnectorSettings,
-    config: dict[str, str],
-    seconds: float,
-) -> list[float]:
-    client = ConnectClient(settings.url)
-    client.apply(settings.name, config)
-    client.wait_running(settings.name, timeout=120)
+def measure_latency(stack: LocalStack, conninfo: str, rate: int, seconds: float) -> dict[str, Any]:
+    """Commit-to-broker latency at ``rate`` events/s (a running connector with the Event
+    Router): its figures, and the latencies (seconds, sorted) under ``latencies``."""
     aggregate_type = f"lat{uuid.uuid4().hex[:8]}"
+    per_tick = max(1, round(rate * TICK_SECONDS))
     committed_at: dict[uuid.UUID, float] = {}
-    latencies: list[float] = []
-    captured: list[float] = []  # commit -> Debezium's record timestamp (its processing time)
+    # event id -> (when the consumer read it, the record's timestamp: Connect's produce time)
+    arrived: dict[uuid.UUID, tuple[float, float]] = {}
     stop = threading.Event()
+    stopped_at = [0.0]
 
     def consume() -> None:
         consumer = KafkaConsumer(
@@ -134,36 +171,45 @@ def measure_latency(
             fetch_max_wait_ms=10,
             consumer_timeout_ms=200,
         )
-        while not stop.is_set() or len(latencies) < len(committed_at):
-            for message in consumer:
-                arrived = time.time()
-                event_id = event_id_of(message.headers)
-                if event_id in committed_at:
-                    latencies.append(arrived - committed_at[event_id])
-                    captured.append(message.timestamp / 1000 - committed_at[event_id])
-            if stop.is_set() and time.monotonic() > stop_time + 30:
-                break
-        consumer.close()
+        try:
+            while not stop.is_set() or len(arrived) < len(committed_at):
+                for message in consumer:
+                    arrived[event_id_of(message.headers)] = (time.time(), message.timestamp / 1000)
+                if stop.is_set() and time.monotonic() > stopped_at[0] + 30:
+                    break
+        finally:
+            consumer.close()
 
-    stop_time = 0.0
     reader = threading.Thread(target=consume)
     reader.start()
-    # 10 events every 10 ms: 1,000 events/s.
-    paced_writes(conninfo, aggregate_type, committed_at, events_per_tick=10, seconds=seconds)
-    stop_time = time.monotonic()
+    started = time.monotonic()
+    paced_writes(
+        conninfo,
+        aggregate_type,
+        committed_at,
+        events_per_tick=per_tick,
+        seconds=seconds,
+        tick_seconds=TICK_SECONDS,
+    )
+    written_in = time.monotonic() - started
+    stopped_at[0] = time.monotonic()
     stop.set()
     reader.join(timeout=60)
-    client.delete(settings.name)
-    # A later run of this connector must not replay the backlog the slot kept meanwhile.
-    drop_slots(conninfo, [settings.slot_name])
-    captured.sort()
-    print(
-        "  of which commit -> Debezium's record timestamp: "
-        f"p50 {percentile(captured, 0.5) * 1000:.0f} ms, "
-        f"p95 {percentile(captured, 0.95) * 1000:.0f} ms, "
-        f"p99 {percentile(captured, 0.99) * 1000:.0f} ms"
-    )
-    return sorted(latencies)
+    read = [event_id for event_id in committed_at if event_id in arrived]
+    latencies = sorted(arrived[e][0] - committed_at[e] for e in read)
+    captured = sorted(arrived[e][1] - committed_at[e] for e in read)
+    if not latencies:
+        raise RuntimeError(f"no record of the {len(committed_at):,} events at {rate}/s was read")
+    figures: dict[str, Any] = {
+        "events": len(committed_at),
+        "read": len(read),
+        "written_per_second": round(len(committed_at) / written_in, 1),
+        "latencies": latencies,
+    }
+    for name, fraction in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+        figures[name] = round(percentile(latencies, fraction), 3)
+        figures[f"record_timestamp_{name}"] = round(percentile(captured, fraction), 3)
+    return figures
 
 
 def drop_slots(conninfo: str, names: list[str]) -> None:
@@ -185,36 +231,32 @@ def drop_slots(conninfo: str, names: list[str]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="CDC throughput and latency.")
+    parser = argparse.ArgumentParser(description="CDC throughput, latency and memory.")
     parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--seconds", type=float, default=30.0, help="writing time per rate")
+    parser.add_argument(
+        "--rates", type=int, nargs="+", default=[1000, 5000], help="events/s for the latency"
+    )
     parser.add_argument("--latency-only", action="store_true")
     parser.add_argument("--json", help="also write the figures to this JSON file")
-    parser.add_argument("--engine", choices=["both", "memory", "s3"], default="both")
     arguments = parser.parse_args()
     results = Results("cdc_throughput", arguments.json)
-    figures: dict[str, dict[str, float]] = {}
-    # The flat figures are the last engine's: s3, the stack's default (the report reads them).
-    for engine in ("memory", "s3") if arguments.engine == "both" else (arguments.engine,):
-        stack = stack_on(engine)
-        stack.up()
-        if stack.broker is None:  # an external cluster: the engine does not apply
-            figures["external"] = run(arguments, stack, results)
-            break
-        print(f"== broker: {stack.broker.describe()}")
-        figures[engine] = run(arguments, stack, results)
-    results.figures["engines"] = engines_side_by_side(figures, "figure")
+    stack = LocalStack()
+    already = stack.connect.process.is_running() and (
+        stack.broker is None or stack.broker.process.is_running()
+    )
+    stack.up()
+    results.figures["stack_started_by_run"] = not already
+    results.data["stack"] = stack_names(stack, connect=True)
+    run(arguments, stack, results)
     results.write()
 
 
-def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> dict[str, float]:
-    """One run on ``stack``'s broker; its headline figures by name."""
-    figures: dict[str, float] = {}
+def prepare(stack: LocalStack) -> str:
+    """A fresh database with the outbox and the CDC role, nothing left by an interrupted
+    run; its conninfo."""
     cluster = stack.postgres
-    client = ConnectClient(stack.connect.rest_url)
-    for name in ("benchrouted", "benchraw"):  # left over by an interrupted run
-        client.delete(name)
-    drop_slots(cluster.conninfo("postgres"), ["slot_benchrouted", "slot_benchraw"])
+    remove_leftovers(stack.connect.rest_url, cluster.conninfo("postgres"), CONNECTORS)
     cluster.drop_database(DATABASE)
     cluster.ensure_database(DATABASE)
     engine = sa.create_engine(cluster.url(DATABASE))
@@ -222,10 +264,20 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> d
         outbox_migrations.upgrade(connection)
         outbox_migrations.create_cdc_role(connection, CDC_ROLE, stack.cdc_password())
     engine.dispose()
-    conninfo = cluster.conninfo(DATABASE)
+    return cluster.conninfo(DATABASE)
+
+
+def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> None:
+    cluster = stack.postgres
+    conninfo = prepare(stack)
     outbox_settings = OutboxSettings()
 
-    def connector(name: str) -> ConnectorSettings:
+    # Each connector has a name of its own in each run: Connect keeps a deleted connector's
+    # source offsets, and Debezium refuses to start from an offset its new slot cannot serve.
+    run_id = uuid.uuid4().hex[:6]
+
+    def connector(prefix: str) -> ConnectorSettings:
+        name = f"{prefix}{run_id}"
         return ConnectorSettings(
             url=stack.connect.rest_url,
             name=name,
@@ -238,6 +290,8 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> d
 
     routed = connector("benchrouted")
     routed_config = render_connector_config(routed, outbox_settings)
+    latency = connector("benchlatency")
+    latency_config = render_connector_config(latency, outbox_settings)
     raw = connector("benchraw")
     raw_config = {
         key: value
@@ -248,57 +302,98 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> d
     raw_config["value.converter.schemas.enable"] = "false"
 
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores; Debezium 3.0.7 in Kafka "
-        f"Connect 3.9 -> Tansu 0.6 on loopback; {arguments.events:,} events in one transaction"
+        f"machine: {platform.machine()}, {os.cpu_count()} cores; PostgreSQL 15 -> "
+        f"{connect_name()} (exactly-once source) -> {broker_name(stack)}; "
+        f"{arguments.events:,} events in one transaction"
     )
-    if not arguments.latency_only:
-        routed_type = f"thr{uuid.uuid4().hex[:8]}"
-        with_router = measure_throughput(
-            stack,
-            conninfo,
-            routed,
-            routed_config,
-            topic_for(routed_type),
-            routed_type,
-            arguments.events,
-        )
-        without_router = measure_throughput(
-            stack,
-            conninfo,
-            raw,
-            raw_config,
-            f"{raw.topic_prefix}.outbox.outbox",
-            f"raw{uuid.uuid4().hex[:8]}",
-            arguments.events,
-        )
-        print(f"with the Outbox Event Router : {with_router:>9,.0f} events/s")
-        print(f"raw change events            : {without_router:>9,.0f} events/s")
-        print(
-            f"ratio (router / raw)         : {with_router / without_router:>9.2f}   target >= 0.9"
-        )
-        results.figures.update(
-            events=arguments.events,
-            router_events_per_second=round(with_router, 1),
-            raw_events_per_second=round(without_router, 1),
-            ratio=round(with_router / without_router, 3),
-        )
-        figures["events/s, Event Router"] = with_router
-        figures["events/s, raw change events"] = without_router
-    latencies = measure_latency(stack, conninfo, routed, routed_config, arguments.seconds)
+    pids = {"broker": stack.broker.process.pid() if stack.broker is not None else None}
+    pids["connect"] = stack.connect.process.pid()
+    memory = MemorySampler({name: pid for name, pid in pids.items() if pid is not None})
+    idle = memory.idle()
+    memory.start()
+    try:
+        if not arguments.latency_only:
+            routed_type = f"thr{uuid.uuid4().hex[:8]}"
+            with_router = measure_throughput(
+                stack,
+                conninfo,
+                routed,
+                routed_config,
+                topic_for(routed_type),
+                routed_type,
+                arguments.events,
+            )
+            without_router = measure_throughput(
+                stack,
+                conninfo,
+                raw,
+                raw_config,
+                f"{raw.topic_prefix}.outbox.outbox",
+                f"raw{uuid.uuid4().hex[:8]}",
+                arguments.events,
+            )
+            ratio = with_router / without_router
+            print(f"with the Outbox Event Router : {with_router:>9,.0f} events/s")
+            print(f"raw change events            : {without_router:>9,.0f} events/s")
+            print(f"ratio (router / raw)         : {ratio:>9.2f}   target >= 0.9")
+            results.figures.update(
+                events=arguments.events,
+                router_events_per_second=round(with_router, 1),
+                raw_events_per_second=round(without_router, 1),
+                ratio=round(ratio, 3),
+            )
+        client = start_connector(latency, latency_config)
+        by_rate = {
+            rate: measure_latency(stack, conninfo, rate, arguments.seconds)
+            for rate in arguments.rates
+        }
+        stop_connector(client, conninfo, latency)
+    finally:
+        peak = memory.stop()
     print(
-        f"commit-to-broker latency at 1,000 events/s over {arguments.seconds:.0f} s "
-        f"({len(latencies):,} events): p50 {percentile(latencies, 0.5) * 1000:.0f} ms, "
-        f"p95 {percentile(latencies, 0.95) * 1000:.0f} ms, "
-        f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms   target p99 < 1000 ms"
+        f"commit-to-broker latency, Event Router, {arguments.seconds:g} s per rate "
+        "(target p99 < 1,000 ms at 1,000 events/s):"
     )
-    results.figures["commit_to_broker_seconds_at_1000"] = {
-        name: round(percentile(latencies, fraction), 3)
-        for name, fraction in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+    side_by_side(
+        "events/s offered",
+        {
+            f"{rate:,}/s": {
+                "written events/s": found["written_per_second"],
+                "events read": found["read"],
+                "p50 ms": found["p50"] * 1000,
+                "p95 ms": found["p95"] * 1000,
+                "p99 ms": found["p99"] * 1000,
+                "to record timestamp p50 ms": found["record_timestamp_p50"] * 1000,
+                "to record timestamp p99 ms": found["record_timestamp_p99"] * 1000,
+            }
+            for rate, found in by_rate.items()
+        },
+    )
+    results.figures["commit_to_broker_seconds"] = {
+        str(rate): {name: value for name, value in found.items() if name != "latencies"}
+        for rate, found in by_rate.items()
     }
-    for share in (0.5, 0.99):
-        figures[f"latency ms, p{share * 100:.0f}"] = percentile(latencies, share) * 1000
-    drop_slots(cluster.conninfo("postgres"), [routed.slot_name, raw.slot_name])
-    return figures
+    resident = {
+        name: {"idle": round(idle[name] / MIB, 1), "peak": round(peak[name] / MIB, 1)}
+        for name in idle
+        if name in peak
+    }
+    print("resident memory (RSS):")
+    side_by_side(
+        "MiB",
+        {
+            name: {"idle, before the load": found["idle"], "peak, during the run": found["peak"]}
+            for name, found in resident.items()
+        },
+    )
+    if results.figures["stack_started_by_run"]:
+        print("  (idle: the stack as this run started it)")
+    else:
+        print("  (idle: the stack was already running; a JVM keeps the memory it grew into)")
+    if stack.broker is None:
+        print("  (the broker is external: its memory is not measured here)")
+    results.figures["resident_memory_mib"] = resident
+    cluster.drop_database(DATABASE)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """Peak memory of ``outbox reconcile`` at two sizes (by default 100,000 and 1,000,000 events).
 
-Starts a private PostgreSQL and broker of its own (free loopback ports, under
-``.stack/bench-reconcile``), produces contract records with kafka-python (4 aggregate types,
-2 partitions each, 1,000 aggregates per type), writes the matching lake (``events`` and the
-typed tables, with the sink's per-partition progress) directly with ``deltalake`` (Spark
-would take an hour on this machine for a million events: the lake's contents, not how they
-got there, is what reconcile reads), then runs ``outbox reconcile --json`` as a separate
-process under ``/usr/bin/time -v`` and prints its peak RSS, its time and its figures.
+Starts a private PostgreSQL and Apache Kafka broker (one KRaft node) of its own (free
+loopback ports, under ``<OUTBOX_STACK_DIR>/bench-reconcile``, default
+``.stack/bench-reconcile``; the broker's topics are deleted at the end), produces contract
+records with kafka-python (4 aggregate types, 2 partitions each, 1,000 aggregates per type),
+writes the matching lake (``events`` and the typed tables, with the sink's per-partition
+progress) directly with ``deltalake`` (Spark would take an hour on this machine for a
+million events: the lake's contents, not how they got there, is what reconcile reads), then
+runs ``outbox reconcile --json`` as a separate process under ``/usr/bin/time -v`` and prints
+its peak RSS, its time and its figures.
 
     python -m benchmarks.reconcile_memory [--first 100000] [--events 1000000] [--cache-mb 8]
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,7 +45,7 @@ from outbox_lake.progress import app_id
 from outbox_lake.tables import EVENTS, EVENTS_TABLE
 from outbox_lake.typed_rows import TYPED_BASE
 from outbox_stack import PostgresCluster, StackSettings
-from outbox_stack.broker import TansuBroker
+from outbox_stack.broker import KafkaBroker
 
 EVENTS_SCHEMA = EVENTS_TABLE.arrow_schema()
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,16 +199,22 @@ def main() -> None:
     arguments = parser.parse_args()
     total = arguments.events
     first = min(arguments.first, total)
+    stack = StackSettings()  # OUTBOX_STACK_DIR, _DOWNLOADS, _JAVA, _POSTGRES_BIN as set
     settings = StackSettings(
-        dir=ROOT / ".stack" / "bench-reconcile",
+        dir=stack.root / "bench-reconcile",
         postgres_port=free_port(),
         broker_port=free_port(),
-        downloads=ROOT / ".cache" / "stack",
+        broker_controller_port=free_port(),
+        downloads=stack.downloads_root,
+        java=stack.java,
+        postgres_bin=stack.postgres_bin,
+        postgres_server_dir=None,  # never the server folder of the stack itself
     )
     cluster = PostgresCluster(settings)
-    broker = TansuBroker(settings)
+    broker = KafkaBroker(settings)
     cluster.up()
     broker.up()
+    print(f"broker: {broker.describe()} on {broker.bootstrap_servers}")
     try:
         cluster.drop_database("reconcile_bench")
         cluster.ensure_database("reconcile_bench")
@@ -243,6 +252,7 @@ def main() -> None:
                     report_run(done, cache_mb, *reconcile(run_env))
     finally:
         broker.down()
+        shutil.rmtree(broker.home, ignore_errors=True)  # its topics: gigabytes at full size
         cluster.down()
 
 

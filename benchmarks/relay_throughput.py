@@ -1,7 +1,6 @@
 """Polling relay throughput against a bare kafka-python producer, on the same broker.
 
-Prints, from one run on the native stack (PostgreSQL and the local broker; started if
-needed):
+Prints, from one run on the native stack (PostgreSQL and the broker; started if needed):
 
 1. events per second of a running relay draining 100,000 small events committed at once
    (read, publish with acks=all, wait for the acknowledgements, delete), and of a bare
@@ -14,12 +13,11 @@ needed):
    PostgreSQL's xmin: deleted rows cannot be vacuumed and the relay's floor cannot move),
    and once it has ended.
 
-    python -m benchmarks.relay_throughput                 # about 2 minutes per engine
+    python -m benchmarks.relay_throughput                 # about 2 minutes
     python -m benchmarks.relay_throughput --events 20000 --rounds 1
-    python -m benchmarks.relay_throughput --engine s3     # one broker engine only
 
-By default it runs once per engine of the local broker (``memory``, then ``s3``: the stack's
-default, left running) and ends with the headline figures side by side.
+The broker is the stack's Apache Kafka (one KRaft node), or the cluster
+``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` names.
 """
 
 from __future__ import annotations
@@ -36,14 +34,14 @@ import psycopg
 from kafka import KafkaProducer
 
 from benchmarks._results import Results
-from benchmarks._shared import engines_side_by_side, fresh_database
+from benchmarks._shared import broker_name, fresh_database, postgres_and_broker, stack_names
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for
 from outbox_relay.database import OutboxRow, RelayDatabase
 from outbox_relay.producer import ContractProducer
 from outbox_relay.service import Relay
 from outbox_relay.settings import RelaySettings
-from outbox_stack.local import LocalStack, stack_on
+from outbox_stack.local import LocalStack
 
 DATABASE = "outbox_bench_relay"
 
@@ -202,26 +200,15 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="also write the figures to this JSON file")
-    parser.add_argument("--engine", choices=["both", "memory", "s3"], default="both")
     arguments = parser.parse_args()
     results = Results("relay_throughput", arguments.json)
-    figures: dict[str, dict[str, float]] = {}
-    # The flat figures are the last engine's: s3, the stack's default (the report reads them).
-    for engine in ("memory", "s3") if arguments.engine == "both" else (arguments.engine,):
-        stack = stack_on(engine)
-        stack.postgres.up()
-        if stack.broker is None:  # an external cluster: the engine does not apply
-            figures["external"] = run(arguments, stack, results)
-            break
-        stack.broker.up()
-        print(f"== broker: {stack.broker.describe()}")
-        figures[engine] = run(arguments, stack, results)
-    results.figures["engines"] = engines_side_by_side(figures, "events/s")
+    stack = postgres_and_broker()
+    results.data["stack"] = stack_names(stack, connect=False)
+    run(arguments, stack, results)
     results.write()
 
 
-def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> dict[str, float]:
-    """One run on ``stack``'s broker; its headline figures (events/s) by name."""
+def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> None:
     cluster = stack.postgres
     url = fresh_database(stack, DATABASE)
     conninfo = cluster.conninfo(DATABASE)
@@ -229,7 +216,7 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> d
     bootstrap = stack.bootstrap_servers
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores; PostgreSQL 15 and "
-        f"{'an external Kafka' if stack.broker is None else 'Tansu 0.6'} on loopback; "
+        f"{broker_name(stack)}; "
         f"{arguments.events:,} events of ~60 bytes; relay batch {settings.batch_size}, "
         f"linger {settings.linger_ms} ms, acks=all, idempotent"
     )
@@ -294,12 +281,6 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> d
         relay_after_events_per_second=round(after, 1),
     )
     cluster.drop_database(DATABASE)
-    return {
-        "bare producer": bare_best,
-        "polling relay": relay_best,
-        "relay, transaction held open": held,
-        "relay, after it ended": after,
-    }
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ not part of the wheel, nor of ``make test``.
 
 What a run does (docs/verifying-delivery.md, "The chaos suite"):
 
-1. starts a native stack of its own (:mod:`chaos.services`): PostgreSQL, the broker on its
-   object store, Kafka Connect with the connector, two relays in auto mode (one on standby)
-   each behind a TCP proxy, the lake job (continuous);
+1. starts a native stack of its own (:mod:`chaos.services`): PostgreSQL, the broker (Apache
+   Kafka), Kafka Connect with the connector, two relays in auto mode (one on standby) each
+   behind a TCP proxy, the lake job (continuous);
 2. runs eight writers (:mod:`chaos.writers`): psycopg and SQLAlchemy, sync and async, on
    their own orders and on shared accounts whose events are built before the rows are
    locked; some roll back on purpose, some commits race with a kill of their backend;

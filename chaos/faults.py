@@ -6,35 +6,26 @@ back (and waits until it serves: the connector running, a relay leading, the lak
 started), and records when and what happened. A fault that cannot be injected or recovered
 is recorded with its error, and the run fails.
 
-The :class:`Watchdog` is the supervisor between faults: a process that died on its own (a
-relay, the lake job, Connect, PostgreSQL) is started again, and a connector whose task failed
-is restarted; each such restart is recorded (the report lists them).
+What stops outside a fault is the watchdog's (:mod:`chaos.watchdog`): a halt, which fails
+the run.
 """
 
 from __future__ import annotations
 
-import functools
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import psycopg
 
 from chaos.schedule import RESOURCE, Kind, PlannedFault
 from chaos.services import ChaosServices
+from chaos.watchdog import Clock, exit_status
 from tests.fix_relay import wait_until
 
-__all__ = ["Clock", "FaultInjector", "Injected", "Unplanned", "Watchdog"]
-
-
-@dataclass(frozen=True)
-class Clock:
-    """Seconds since the load phase started."""
-
-    started: float = field(default_factory=time.monotonic)
-
-    def now(self) -> float:
-        return round(time.monotonic() - self.started, 1)
+__all__ = ["FaultInjector", "Injected"]
 
 
 @dataclass
@@ -48,15 +39,6 @@ class Injected:
     @property
     def done(self) -> bool:
         return self.started is not None and self.recovered is not None and self.error is None
-
-
-@dataclass(frozen=True)
-class Unplanned:
-    """A restart the watchdog made: a service down (or failed) that no fault was acting on."""
-
-    at: float
-    service: str
-    what: str
 
 
 class FaultInjector:
@@ -80,6 +62,7 @@ class FaultInjector:
             Kind.RELAY_KILL: self._kill_leading_relay,
             Kind.LAKE_KILL: self._kill_lake_job,
             Kind.POSTGRES_KILL: self._kill_postgres,
+            Kind.BROKER_KILL: self._kill_broker,
             Kind.BROKER_PAUSE: self._pause_broker,
             Kind.NETWORK_CUT: self._cut_relay_network,
             Kind.CONNECTOR_RECREATE: self._recreate_connector,
@@ -128,11 +111,9 @@ class FaultInjector:
         process.signal(signal.SIGKILL)
         wait_until(lambda: not process.is_running(), timeout=30, what="Connect gone")
         self._hold(fault)
-        self._services.restart_connect()
+        started = self._services.restart_connect()
         connector = self._services.ensure_connector()
-        return (
-            f"pid {pid} killed; Connect started again (pid {process.pid()}); connector: {connector}"
-        )
+        return f"pid {pid} killed; Connect {started}; connector: {connector}"
 
     def _kill_leading_relay(self, fault: PlannedFault) -> str:
         number = self._services.leader(timeout=30)
@@ -158,6 +139,27 @@ class FaultInjector:
         self._services.restart_postgres()
         connector = self._connector_back()
         return f"postmaster {pid} killed; restarted; connector: {connector}"
+
+    def _kill_broker(self, fault: PlannedFault) -> str:
+        """``kill -9`` of the broker, then ``up`` (Kafka recovers its logs); Connect, the
+        relays and the lake job carry on by themselves (one that stops is a halt), only a
+        failed connector task is restarted, as after any broker outage."""
+        broker = self._services.stack.broker
+        if broker is None:
+            raise RuntimeError("the stack has no broker of its own to kill")
+        pid = broker.process.pid()
+        broker.process.signal(signal.SIGKILL)
+        wait_until(lambda: not broker.process.is_running(), timeout=30, what="the broker gone")
+        how = exit_status(pid)
+        self._hold(fault)
+        started = time.monotonic()
+        broker.up()
+        up = time.monotonic() - started
+        connector = self._connector_back()
+        return (
+            f"{how}; started again (pid {broker.process.pid()}), answering after {up:.0f} s; "
+            f"connector: {connector}"
+        )
 
     def _pause_broker(self, fault: PlannedFault) -> str:
         broker = self._services.stack.broker
@@ -190,11 +192,16 @@ class FaultInjector:
         )
 
     def _recreate_connector(self, fault: PlannedFault) -> str:
-        client = self._services.connect_client
-        client.delete(self._services.connector.name)
+        """Deleted and applied again under the same name: Connect keeps a deleted connector's
+        source offsets and the slot stays (the connector never drops it), so the new one
+        resumes from its offsets on its slot; ``ensure_connector`` waits until CDC confirms
+        again. A slot gone while the connector was deleted fails the fault."""
+        services = self._services
+        services.connect_client.delete(services.connector.name)
         self._hold(fault)
-        connector = self._services.ensure_connector()  # applies it (again while refused)
-        return f"deleted for {fault.hold:g} s, applied again; connector: {connector}"
+        slot = _slot_while_deleted(services)
+        connector = services.ensure_connector()  # applies it (again while refused)
+        return f"deleted for {fault.hold:g} s ({slot}), applied again; connector: {connector}"
 
     def _delete_lake_checkpoint(self, fault: PlannedFault) -> str:
         lake = self._services.lake
@@ -214,81 +221,21 @@ class FaultInjector:
         return f"deleted {how}; the job started again from no checkpoint"
 
 
-class Watchdog(threading.Thread):
-    """Restarts what died outside a fault, every ``interval`` seconds, until ``stop``."""
-
-    def __init__(
-        self, services: ChaosServices, clock: Clock, stop: threading.Event, interval: float = 2.0
-    ) -> None:
-        super().__init__(name="watchdog", daemon=True)
-        self._services = services
-        self._clock = clock
-        self._stop_event = stop
-        self._interval = interval
-        self.restarts: list[Unplanned] = []
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self._interval):
-            self.check()
-
-    def check(self) -> None:
-        services = self._services
-        for number in range(len(services.relays)):
-            self._guard("relay", f"relay {number}", functools.partial(self._relay, number))
-        self._guard("lake", "lake job", self._lake)
-        self._guard("postgres", "postgres", self._postgres)
-        self._guard("connect", "connector", self._connector)
-
-    def _guard(self, resource: str, service: str, check: Callable[[], str | None]) -> None:
-        lock = self._services.locks[resource]
-        if not lock.acquire(blocking=False):
-            return  # a fault is acting on it
+def _slot_while_deleted(services: ChaosServices) -> str:
+    """The slot, while its connector is deleted: still there (asked again while PostgreSQL
+    restarts, up to a minute), or the fault fails."""
+    deadline = time.monotonic() + 60
+    while True:
         try:
-            what = check()
-            if what is not None:
-                self.restarts.append(Unplanned(self._clock.now(), service, what))
-        except Exception as error:
-            self.errors.append(f"{service}: {type(error).__name__}: {error}")
-        finally:
-            lock.release()
-
-    def _relay(self, number: int) -> str | None:
-        relay = self._services.relays[number]
-        if relay.process is None or relay.process.poll() is None:
-            return None
-        code = relay.process.returncode
-        last = relay.log.read_text(errors="replace").splitlines()[-1:] if relay.log.exists() else []
-        relay.start()
-        return f"exited with {code} ({' '.join(last)[:200]}); started again"
-
-    def _lake(self) -> str | None:
-        lake = self._services.lake
-        if lake.is_running():
-            return None
-        last = " ".join(lake.tail(1))[:200]
-        self._services.start_lake()
-        return f"stopped ({last}); started again"
-
-    def _postgres(self) -> str | None:
-        if self._services.stack.postgres.is_running():
-            return None
-        self._services.restart_postgres()
-        return "down; started again"
-
-    def _connector(self) -> str | None:
-        """Connect down, or the connector's task failed (what the alert would show): start
-        it, restart the task; without waiting (the next check sees whether it helped)."""
-        services = self._services
-        if not services.stack.connect.process.is_running():
-            services.restart_connect()
-            return "Connect down; started again"
-        state = services.connect_client.state(services.connector.name)
-        if state is None:
-            services.apply_connector()
-            return "connector missing; applied"
-        if state.failed_tasks or state.connector == "FAILED":
-            services.connect_client.restart(services.connector.name)
-            tasks = ", ".join(f"{task} {task_state}" for task, task_state, _ in state.tasks)
-            return f"connector {state.connector} (tasks: {tasks}); restarted"
-        return None
+            position = services.slot_position()
+        except psycopg.Error:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+            continue
+        if position is None:
+            raise RuntimeError(
+                f"slot {services.connector.slot_name} was dropped with the connector: the "
+                "connector re-applied would refuse its stored offsets"
+            )
+        return f"slot {services.connector.slot_name} kept"

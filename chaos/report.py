@@ -1,17 +1,29 @@
-"""The run's tables (rich): faults injected, figures, checks; and the same as JSON."""
+"""The run's tables (rich): faults injected, figures, halts (with their logs), checks; and the
+same as JSON."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
 
+from rich.console import Group
+from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
-from chaos.faults import Injected, Unplanned
+from chaos.faults import Injected
 from chaos.schedule import Kind
 from chaos.verify import Checks, ReconcileRun
+from chaos.watchdog import Halt
 
-__all__ = ["checks_table", "faults_table", "figures_table", "overlapping", "unplanned_table"]
+__all__ = [
+    "as_json",
+    "checks_table",
+    "faults_table",
+    "figures_table",
+    "halts_report",
+    "overlapping",
+]
 
 
 def overlapping(injected: list[Injected]) -> list[tuple[Injected, Injected]]:
@@ -87,19 +99,32 @@ def checks_table(checks: Checks, reconcile: ReconcileRun) -> Table:
     return table
 
 
-def unplanned_table(restarts: list[Unplanned]) -> Table:
-    table = Table(title="Restarts by the watchdog (outside the planned faults)")
+def halts_report(halts: list[Halt]) -> Group:
+    """Each halt (a component that stopped outside any fault: the run fails), then its log's
+    last lines as the watchdog found them."""
+    table = Table(title="Halts: found stopped outside any fault (each fails the run)")
     table.add_column("t+")
-    table.add_column("service")
+    table.add_column("component")
     table.add_column("what")
-    for restart in restarts:
-        table.add_row(f"{restart.at:g}s", restart.service, restart.what)
-    return table
+    table.add_column("then")
+    table.add_column("log", overflow="fold")
+    for halt in halts:
+        table.add_row(f"{halt.at:g}s", halt.component, halt.what, halt.restart, halt.log_file)
+    logs = [
+        Panel(
+            Text("\n".join(halt.log) or "(empty log)"),
+            title=f"{halt.component} at t+{halt.at:g}s: the last {len(halt.log)} lines of its log",
+            title_align="left",
+            border_style="red",
+        )
+        for halt in halts
+    ]
+    return Group(table, *logs)
 
 
 def as_json(
     injected: list[Injected],
-    restarts: list[Unplanned],
+    halts: list[Halt],
     figures: dict[str, Any],
     checks: Checks,
     reconcile: ReconcileRun,
@@ -117,7 +142,17 @@ def as_json(
             }
             for f in injected
         ],
-        "watchdog_restarts": [vars(restart) for restart in restarts],
+        "halts": [
+            {
+                "at": halt.at,
+                "component": halt.component,
+                "what": halt.what,
+                "then": halt.restart,
+                "log_file": halt.log_file,
+                "log": list(halt.log),
+            }
+            for halt in halts
+        ],
         "figures": figures,
         "checks": checks.counts,
         "examples": checks.examples,

@@ -1,9 +1,10 @@
 """One chaos run, start to end: stack, writers, faults, drain, checks, report.
 
 The run passes when every check finds nothing, ``outbox reconcile`` finds nothing, every
-fault kind was injected and recovered as often as asked, and no writer met an error that no
-fault explains. Whatever happens, everything the run started is stopped at the end; a
-failing run keeps the stack's folder (logs, the lake, the ground truth) for a look.
+fault kind was injected and recovered as often as asked, no component stopped outside a
+fault (a halt, :mod:`chaos.watchdog`), and no writer met an error that no fault explains.
+Whatever happens, everything the run started is stopped at the end; a failing run keeps the
+stack's folder (logs, the lake, the ground truth) for a look.
 """
 
 from __future__ import annotations
@@ -12,27 +13,29 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
 
-from chaos.faults import Clock, FaultInjector, Watchdog
+from chaos.faults import FaultInjector, Injected
 from chaos.report import (
     as_json,
     checks_table,
     faults_table,
     figures_table,
+    halts_report,
     overlapping,
-    unplanned_table,
 )
 from chaos.schedule import plan_faults
 from chaos.services import OUTBOX_COMMAND, ChaosServices
 from chaos.settings import ChaosSettings
 from chaos.truth import GroundTruth
 from chaos.verify import check, drain, kafka_copies, lake_rows, run_reconcile
+from chaos.watchdog import Clock, Halt, Watchdog
 from chaos.writers import FLAVOURS, PATTERNS, Assassin, Writer
 
-__all__ = ["run"]
+__all__ = ["problems", "run"]
 
 _EVENTS_PER_TRANSACTION = 2.8  # the plans' mean (orders 3, accounts about 2.7)
 _PROGRESS_EVERY_SECONDS = 30.0
@@ -81,6 +84,7 @@ def run(settings: ChaosSettings, console: Console) -> bool:
     truth = GroundTruth()
     stop_writers, stop_faults = threading.Event(), threading.Event()
     assassin: Assassin | None = None
+    watchdog: Watchdog | None = None
     passed = False
     try:
         started = time.monotonic()
@@ -97,10 +101,10 @@ def run(settings: ChaosSettings, console: Console) -> bool:
         for writer in writers:
             writer.start()
         injector = FaultInjector(services, plan, clock, stop_faults)
-        watchdog = Watchdog(services, clock, stop_faults)
+        watchdog = Watchdog(services.components(), services.locks, clock, stop_faults)
         injector.start()
         watchdog.start()
-        _load(settings, clock, injector, truth, console)
+        _load(settings, clock, injector, watchdog, truth, console)
         stop_writers.set()
         for writer in writers:
             writer.join(timeout=60)
@@ -119,10 +123,10 @@ def run(settings: ChaosSettings, console: Console) -> bool:
         console.log(f"drain {outcome} in {drained.seconds:g} s; checking")
         steps = ", ".join(f"{step} at {at:g} s" for step, at in drained.steps.items())
         console.log(f"drain: {steps}")
-        copies = drained.copies or kafka_copies(
+        kafka = drained.kafka or kafka_copies(
             services.bootstrap_servers, services.lake_settings.topic_pattern
         )
-        checks = check(truth, lake_rows(services.lake_settings), copies)
+        checks = check(truth, lake_rows(services.lake_settings), kafka.copies, kafka.undecodable)
         reconciled = run_reconcile(OUTBOX_COMMAND, services.reconcile_environment())
         pairs = overlapping(injector.injected)
         figures = _figures(
@@ -133,18 +137,25 @@ def run(settings: ChaosSettings, console: Console) -> bool:
             f"{sum(w.kills['drop'] for w in writers):,}"
         )
         figures["writer errors"] = sum(1 for w in writers if w.error is not None)
+        figures["halts (found stopped outside any fault)"] = len(watchdog.halts)
         console.print(faults_table(injector.injected, settings.least_per_kind))
         console.print(figures_table(figures))
-        if watchdog.restarts:
-            console.print(unplanned_table(watchdog.restarts))
+        if watchdog.halts:
+            console.print(halts_report(watchdog.halts))
         console.print(checks_table(checks, reconciled))
         for note in sorted(set(watchdog.errors)):
             console.print(f"[yellow]watchdog: {note}[/yellow]")
-        problems = _problems(settings, injector, writers, drained.caught_up)
-        for problem in problems:
+        found = problems(
+            injector.injected,
+            settings.least_per_kind,
+            writers,
+            caught_up=drained.caught_up,
+            halts=watchdog.halts,
+        )
+        for problem in found:
             console.print(f"[red]{problem}[/red]")
-        passed = checks.clean and reconciled.clean and not problems
-        report = as_json(injector.injected, watchdog.restarts, figures, checks, reconciled)
+        passed = checks.clean and reconciled.clean and not found
+        report = as_json(injector.injected, watchdog.halts, figures, checks, reconciled)
         (settings.run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
         truth.save(settings.run_dir / "truth.jsonl")
         verdict = "[green]PASSED[/green]" if passed else "[red]FAILED[/red]"
@@ -155,6 +166,8 @@ def run(settings: ChaosSettings, console: Console) -> bool:
     finally:
         stop_writers.set()
         stop_faults.set()
+        if watchdog is not None:
+            watchdog.join(timeout=60)  # so that it starts nothing while the stack stops
         if assassin is not None:
             assassin.close()
         services.stop()
@@ -167,14 +180,20 @@ def _load(
     settings: ChaosSettings,
     clock: Clock,
     injector: FaultInjector,
+    watchdog: Watchdog,
     truth: GroundTruth,
     console: Console,
 ) -> None:
     """The load phase: the duration, and on until every fault was brought back."""
     next_progress = _PROGRESS_EVERY_SECONDS
     reported: set[int] = set()
+    halts = 0
     deadline = settings.duration_seconds + _FAULTS_OVERRUN_SECONDS
     while clock.now() < deadline:
+        for halt in watchdog.halts[halts:]:
+            halts += 1
+            last = halt.log[-1] if halt.log else "(empty log)"
+            console.log(f"[red]HALT: {halt.problem}[/red]; its log ends: {last}")
         for number, fault in enumerate(injector.injected):
             if fault.recovered is not None and number not in reported:
                 reported.add(number)
@@ -222,27 +241,29 @@ def _figures(
     }
 
 
-def _problems(
-    settings: ChaosSettings,
-    injector: FaultInjector,
-    writers: list[Writer],
+def problems(
+    injected: list[Injected],
+    least_per_kind: int,
+    writers: Sequence[Writer],
+    *,
     caught_up: bool,
+    halts: Sequence[Halt],
 ) -> list[str]:
-    problems = []
-    for kind_count in _short_kinds(injector, settings.least_per_kind):
-        problems.append(kind_count)
-    problems += [
-        f"writer {w.name}: {type(w.error).__name__}: {w.error}" for w in writers if w.error
-    ]
-    problems += [f"writer {w.name} did not stop" for w in writers if w.is_alive()]
+    """What fails the run besides the checks: a fault kind injected and recovered fewer times
+    than asked, a writer's error, a writer that did not stop, a drain past its deadline, and
+    every halt (a component that stopped outside any fault)."""
+    found = _short_kinds(injected, least_per_kind)
+    found += [f"writer {w.name}: {type(w.error).__name__}: {w.error}" for w in writers if w.error]
+    found += [f"writer {w.name} did not stop" for w in writers if w.is_alive()]
     if not caught_up:
-        problems.append("the drain did not finish within its deadline")
-    return problems
+        found.append("the drain did not finish within its deadline")
+    found += [halt.problem for halt in halts]
+    return found
 
 
-def _short_kinds(injector: FaultInjector, least: int) -> list[str]:
+def _short_kinds(injected: list[Injected], least: int) -> list[str]:
     counts: dict[str, int] = {}
-    for fault in injector.injected:
+    for fault in injected:
         counts.setdefault(str(fault.planned.kind), 0)
         if fault.done:
             counts[str(fault.planned.kind)] += 1

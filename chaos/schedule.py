@@ -3,9 +3,10 @@
 Every kind is planned ``per_kind`` times, spread over the load phase with some jitter; about
 one fault in three is then moved onto the start of the fault before it (when that one is on
 another service), so that faults overlap: PostgreSQL killed while the broker is paused, the
-network cut while Connect restarts. Faults on one service never overlap each other (the
-injector takes the service's lock), so a planned overlap on one service becomes a fault that
-waits its turn. (Pure: stdlib only; the same seed gives the same schedule.)
+network cut while Connect restarts, the broker killed with a relay. Faults on one service
+never overlap each other (the injector takes the service's lock), so a planned overlap on one
+service becomes a fault that waits its turn. (Pure: stdlib only; the same seed gives the
+same schedule.)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Kind(StrEnum):
     RELAY_KILL = "kill -9 leading relay"
     LAKE_KILL = "kill -9 Spark driver"
     POSTGRES_KILL = "kill -9 postmaster"
+    BROKER_KILL = "kill -9 broker"
     BROKER_PAUSE = "broker paused"
     NETWORK_CUT = "relay/PostgreSQL network cut"
     CONNECTOR_RECREATE = "connector deleted, re-applied"
@@ -36,6 +38,7 @@ RESOURCE = {
     Kind.LAKE_KILL: "lake",
     Kind.CHECKPOINT_DELETE: "lake",
     Kind.POSTGRES_KILL: "postgres",
+    Kind.BROKER_KILL: "broker",
     Kind.BROKER_PAUSE: "broker",
 }
 """The service each fault acts on (the lock the injector takes)."""
@@ -45,6 +48,7 @@ HOLD_SECONDS = {
     Kind.RELAY_KILL: (0.5, 5.0),
     Kind.LAKE_KILL: (1.0, 8.0),
     Kind.POSTGRES_KILL: (0.0, 2.0),  # a fast restart
+    Kind.BROKER_KILL: (1.0, 8.0),  # down before the supervisor starts it again
     Kind.BROKER_PAUSE: (5.0, 20.0),  # SIGSTOP to SIGCONT
     Kind.NETWORK_CUT: (12.0, 20.0),  # longer than the relay's lease (10 s): the standby leads
     Kind.CONNECTOR_RECREATE: (3.0, 15.0),  # deleted to re-applied

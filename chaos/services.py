@@ -1,6 +1,6 @@
 """The pipeline a chaos run drives, on a native stack of its own, and how it is restarted.
 
-- The local stack (``stack.local.LocalStack``: PostgreSQL, the broker on its object store,
+- The local stack (``stack.local.LocalStack``: PostgreSQL, the broker (Apache Kafka),
   Kafka Connect) in ``OUTBOX_CHAOS_STACK_DIR`` on free loopback ports, deleted and made
   again at every run, so nothing of an earlier run (a connector, a topic) takes part;
 - the outbox migrated, a CDC role and a relay role, the connector applied (heartbeat every
@@ -11,17 +11,19 @@
 
 The ``restart_*`` and ``ensure_*`` methods are what an operator (or a supervisor) does after
 a fault; every wait has a deadline. One lock per service (:attr:`ChaosServices.locks`): a
-fault holds it from injection to recovery, and the watchdog (:mod:`chaos.faults`) leaves a
-service alone while its lock is held.
+fault holds it from injection to recovery, and the watchdog (:mod:`chaos.watchdog`) leaves a
+service alone while its lock is held; :meth:`ChaosServices.components` is what it watches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -35,10 +37,12 @@ import sqlalchemy as sa
 import outbox_migrations
 from chaos.plans import ACCOUNT, ORDER, schema_statements
 from chaos.settings import ROOT, ChaosSettings
+from chaos.watchdog import Component, exit_status
 from outbox import OutboxSettings
 from outbox.settings import KafkaSettings
 from outbox_connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
 from outbox_lake.settings import LakeSettings
+from outbox_stack.errors import StackError
 from outbox_stack.local import LocalStack
 from outbox_stack.process import ServiceProcess
 from tests.fix_postgres import free_port
@@ -46,7 +50,7 @@ from tests.fix_proxy import TcpProxy
 from tests.fix_relay import RelayProcess, wait_until
 from tests.fix_stack import stack_settings
 
-__all__ = ["OUTBOX_COMMAND", "RESOURCES", "ChaosServices"]
+__all__ = ["OUTBOX_COMMAND", "RESOURCES", "ChaosServices", "service_stopped"]
 
 CDC_ROLE = "chaos_cdc"
 RELAY_ROLE = "chaos_relay"
@@ -199,6 +203,116 @@ class ChaosServices:
             port=http_port,
         )
 
+    # --- what the watchdog watches ---------------------------------------------------------
+
+    def components(self) -> list[Component]:
+        """Every component of the pipeline, for the watchdog: how to tell that it stopped,
+        its log, how to start it again. The connector is watched only while no fault acts on
+        PostgreSQL, the broker or Connect (each of which fails its task until brought back)."""
+        connect = self.stack.connect.process
+        found = [
+            Component(
+                f"relay {number}",
+                ("relay",),
+                functools.partial(self._relay_stopped, number),
+                relay.log,
+                functools.partial(self._start_relay, number),
+            )
+            for number, relay in enumerate(self.relays)
+        ]
+        found.append(
+            Component(
+                "lake job",
+                ("lake",),
+                lambda: service_stopped(self.lake),
+                self.lake.log_file,
+                self._restart_lake,
+            )
+        )
+        found.append(
+            Component(
+                "PostgreSQL",
+                ("postgres",),
+                lambda: None if self.stack.postgres.is_running() else "the postmaster is gone",
+                self.stack.postgres.log_file,
+                self._restart_postgres,
+            )
+        )
+        if self.stack.broker is not None:
+            broker = self.stack.broker
+            found.append(
+                Component(
+                    "broker",
+                    ("broker",),
+                    lambda: service_stopped(broker.process),
+                    broker.process.log_file,
+                    lambda: f"started again (pid {broker.up().pid})",
+                )
+            )
+        found.append(
+            Component(
+                "Connect",
+                ("connect",),
+                lambda: service_stopped(connect),
+                connect.log_file,
+                self.restart_connect,
+            )
+        )
+        found.append(
+            Component(
+                "connector",
+                ("connect", "postgres", "broker"),
+                self._connector_stopped,
+                connect.log_file,
+                self._restart_connector,
+            )
+        )
+        return found
+
+    def _relay_stopped(self, number: int) -> str | None:
+        process = self.relays[number].process
+        if process is None or process.poll() is None:
+            return None
+        code = process.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+        return f"pid {process.pid} {how}"
+
+    def _start_relay(self, number: int) -> str:
+        self.relays[number].start()
+        process = self.relays[number].process
+        return f"started again (pid {process.pid if process else None})"
+
+    def _restart_lake(self) -> str:
+        self.lake.stop(timeout=60, group=True)  # the Spark JVM may outlive the job's Python
+        self.start_lake()
+        return f"started again (pid {self.lake.pid()})"
+
+    def _restart_postgres(self) -> str:
+        self.restart_postgres()
+        return f"started again (postmaster {self.stack.postgres.pid()})"
+
+    def _connector_stopped(self) -> str | None:
+        """The connector failed or missing, Connect running (Connect down is its own halt)."""
+        if not self.stack.connect.process.is_running():
+            return None
+        state = self.connect_client.state(self.connector.name)
+        if state is None:
+            return "the connector is missing"
+        if not (state.failed_tasks or state.connector == "FAILED"):
+            return None
+        tasks = "; ".join(
+            f"task {task} {task_state}" + (f": {(trace or '').splitlines()[:1]}" if trace else "")
+            for task, task_state, trace in state.tasks
+        )
+        return f"connector {state.connector} ({tasks or 'no task'})"
+
+    def _restart_connector(self) -> str:
+        if self.connect_client.state(self.connector.name) is None:
+            self.apply_connector()
+            return "applied again"
+        self.connect_client.restart(self.connector.name)
+        return "restarted with its tasks"
+
     # --- PostgreSQL ------------------------------------------------------------------------
 
     def kill_postgres(self) -> int:
@@ -229,8 +343,42 @@ class ChaosServices:
 
     # --- Connect and the connector ----------------------------------------------------------
 
-    def restart_connect(self) -> None:
-        self.stack.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password})
+    def restart_connect(self, timeout: float = CONNECTOR_TIMEOUT_SECONDS) -> str:
+        """Start Connect, and again while it exits during start-up, as a supervisor would: a
+        worker that cannot reach the broker (killed or paused by an overlapping fault) stops
+        after a minute ("Failed to connect to and describe Kafka cluster"). Each new attempt
+        waits until the broker's port accepts connections. What it took, in words."""
+        deadline = time.monotonic() + timeout
+        exits: list[str] = []
+        while True:
+            try:
+                self.stack.connect.up(
+                    secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password}
+                )
+            except StackError:
+                if time.monotonic() > deadline or self.stack.connect.process.is_running():
+                    raise
+                exits.append(_cause(self.stack.connect.process.tail(30)))
+                wait_until(
+                    self._broker_accepts,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    what="the broker accepting connections, to start Connect again",
+                )
+                continue
+            pid = self.stack.connect.process.pid()
+            if not exits:
+                return f"started (pid {pid})"
+            return f"started (pid {pid}) after {len(exits)} exit(s) during start-up: " + "; ".join(
+                dict.fromkeys(exits)
+            )
+
+    def _broker_accepts(self) -> bool:
+        host, _, port = self.bootstrap_servers.split(",")[0].rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return True
+        except OSError:
+            return False
 
     @property
     def cdc_password(self) -> str:
@@ -241,22 +389,30 @@ class ChaosServices:
         self.connect_client.apply(self.connector.name, config)
 
     def ensure_connector(self, timeout: float = CONNECTOR_TIMEOUT_SECONDS) -> str:
-        """What an operator does until the connector runs: start Connect if it is down,
-        apply the connector if it is missing, restart it and its failed tasks. What was
-        done, in words."""
+        """What an operator does until the connector runs: apply the connector if it is
+        missing, restart it and its failed tasks; then wait until CDC confirms a newer
+        position on its slot (RUNNING alone proves nothing: the relays in auto mode would
+        deliver everything while CDC stood still, and the run would pass). What was done,
+        in words. Connect itself must be running: a worker that stopped on its own is a halt
+        for the watchdog to report, never started again here unseen."""
         done: dict[str, None] = {}  # what was done, once each, in order
         deadline = time.monotonic() + timeout
         while True:
+            if not self.stack.connect.process.is_running():
+                raise ConnectError(
+                    f"Kafka Connect is not running (it stopped on its own); see "
+                    f"{self.stack.connect.process.log_file}"
+                )
             try:
-                if not self.stack.connect.process.is_running():
-                    self.restart_connect()
-                    done["Connect started"] = None
                 state = self.connect_client.state(self.connector.name)
                 if state is None:
                     self.apply_connector()
                     done["connector applied"] = None
                 elif state.running:
-                    return ", ".join(done) or "running"
+                    confirmed = self._cdc_confirms(min(deadline, time.monotonic() + 30))
+                    if confirmed is not None:
+                        done[f"CDC confirming ({confirmed})"] = None
+                        return ", ".join(done)
                 elif state.failed_tasks or state.connector == "FAILED":
                     self.connect_client.restart(self.connector.name)
                     done["failed tasks restarted"] = None
@@ -265,10 +421,45 @@ class ChaosServices:
                     raise ConnectError(f"the connector is not running: {error}") from error
             if time.monotonic() > deadline:
                 raise ConnectError(
-                    f"the connector is not running after {timeout:.0f} s; see "
-                    f"{self.stack.connect.process.log_file}"
+                    f"the connector is not running, or CDC confirms nothing, after "
+                    f"{timeout:.0f} s (slot {self.connector.slot_name} at "
+                    f"{self._slot_text()}); see {self.stack.connect.process.log_file}"
                 )
             time.sleep(1)
+
+    def slot_position(self) -> int | None:
+        """Where the connector's slot is confirmed up to (bytes of WAL); None without it."""
+        with psycopg.connect(self.conninfo, connect_timeout=5) as connection:
+            row = connection.execute(
+                "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (self.connector.slot_name,),
+            ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def _slot_text(self) -> str:
+        try:
+            position = self.slot_position()
+        except psycopg.Error as error:
+            return f"unknown: {type(error).__name__}"
+        return "no slot" if position is None else _lsn(position)
+
+    def _cdc_confirms(self, until: float) -> str | None:
+        """Wait until the slot's confirmed position moves past where it is now (the writers'
+        commits and the connector's heartbeat, every second, give it WAL to confirm): the
+        position it reached, or None by ``until``."""
+        start: int | None = None
+        while time.monotonic() < until:
+            try:
+                position = self.slot_position()
+            except psycopg.Error:
+                position = None  # PostgreSQL restarting: ask again
+            if start is None:
+                start = position
+            elif position is not None and position > start:
+                return f"slot at {_lsn(position)}"
+            time.sleep(0.5)
+        return None
 
     # --- relays ----------------------------------------------------------------------------
 
@@ -342,3 +533,25 @@ class ChaosServices:
                 f"SELECT count(*) FROM {tables.qualified_outbox}"  # noqa: S608 - quoted name
             ).fetchone()
         return int(row[0]) if row else 0
+
+
+def service_stopped(process: ServiceProcess) -> str | None:
+    """None while ``process`` runs; else how it ended (its pid file names the last one)."""
+    if process.is_running():
+        return None
+    try:
+        pid = int(process.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return "not running (no pid file)"
+    return exit_status(pid)
+
+
+def _lsn(position: int) -> str:
+    """A WAL position as PostgreSQL writes it (``0/1A8B108``)."""
+    return f"{position >> 32:X}/{position & 0xFFFFFFFF:X}"
+
+
+def _cause(log: list[str]) -> str:
+    """The reason a Java service gave for stopping: its log's last ERROR line."""
+    errors = [line for line in log if " ERROR " in line or line.startswith("org.apache")]
+    return (errors[-1] if errors else (log[-1] if log else "no log"))[:200]

@@ -23,26 +23,28 @@ import contextlib
 import itertools
 import json
 import os
-import re
 import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
-from kafka import KafkaConsumer
 
 from chaos.truth import GroundTruth, Written
+from outbox.core.errors import BrokerError
+from outbox.core.kafka_record import KafkaRecord, Undecodable, undecodable
+from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox_lake.settings import LakeSettings
 from outbox_reconcile.records import KafkaCopy, copy_of
 
 __all__ = [
     "Checks",
     "Drain",
+    "KafkaCopies",
     "ReconcileRun",
     "check",
     "drain",
@@ -52,6 +54,7 @@ __all__ = [
 ]
 
 _EXAMPLES = 5
+_ROLE = ReaderRole(client_id="outbox-chaos", max_poll_records=5000)
 _LAKE_COLUMNS = ["event_id", "aggregate_type", "aggregate_id", "position", "partition", "offset"]
 
 
@@ -82,54 +85,46 @@ def _lake_ids(settings: LakeSettings) -> set[str]:
     return set(table.to_pyarrow_table(columns=["event_id"]).column(0).to_pylist())
 
 
-def kafka_copies(
-    bootstrap_servers: str, topic_pattern: str, idle_seconds: float = 5.0
-) -> list[KafkaCopy]:
-    """Every record of the matching topics, from their beginning until nothing came for
-    ``idle_seconds`` (the local broker's end offsets cannot be trusted: read to the end)."""
-    consumer: Any = KafkaConsumer(
-        bootstrap_servers=bootstrap_servers.split(","),
-        isolation_level="read_committed",
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        client_id="outbox-chaos",
-        metrics_enabled=False,
-    )
-    pattern = re.compile(topic_pattern)
-    copies: list[KafkaCopy] = []
-    try:
-        topics = [topic for topic in consumer.topics() if pattern.search(topic)]
-        from kafka import TopicPartition
+@dataclass
+class KafkaCopies:
+    copies: list[KafkaCopy] = field(default_factory=list)
+    undecodable: list[Undecodable] = field(default_factory=list)
+    """Records no reader can take at its word: none of our writers makes one."""
 
-        partitions = [
-            TopicPartition(topic, number)
-            for topic in topics
-            for number in sorted(consumer.partitions_for_topic(topic) or ())
-        ]
-        if not partitions:
-            return copies
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < idle_seconds:
-            batches = consumer.poll(timeout_ms=500, max_records=5000)
-            for tp, records in batches.items():
-                quiet_since = time.monotonic()
-                for record in records:
-                    copy = copy_of(
-                        topic=tp.topic,
-                        partition=tp.partition,
-                        offset=record.offset,
-                        timestamp_ms=record.timestamp,
-                        key=record.key,
-                        headers=record.headers,
-                    )
-                    if isinstance(copy, KafkaCopy):
-                        copies.append(copy)
+
+def kafka_copies(
+    bootstrap_servers: str, topic_pattern: str, stall_seconds: float = 60.0
+) -> KafkaCopies:
+    """Every record of the matching topics, from their beginning to their end as the broker
+    gives it now (:mod:`outbox.core.partition_end`); ``ShortReadError`` when a partition
+    cannot be read that far."""
+    reader = KafkaReader(bootstrap_servers, _ROLE)
+    read = KafkaCopies()
+
+    def take(records: list[KafkaRecord]) -> None:
+        for record in records:
+            unread = undecodable(record)
+            if unread is not None:
+                read.undecodable.append(unread)
+                continue
+            copy = copy_of(
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                timestamp_ms=record.timestamp_ms,
+                key=record.key,
+                headers=record.headers,
+            )
+            if isinstance(copy, KafkaCopy):
+                read.copies.append(copy)
+
+    try:
+        partitions = reader.partitions(reader.topics(topic_pattern))
+        if partitions:
+            reader.read_to_end(reader.beginnings(partitions), take, stall_seconds=stall_seconds)
     finally:
-        consumer.close()
-    return copies
+        reader.close()
+    return read
 
 
 @dataclass
@@ -139,8 +134,10 @@ class Drain:
     waiting_for: str = ""
     steps: dict[str, float] = field(default_factory=dict)
     """Seconds since the drain started at which each step was done."""
-    copies: list[KafkaCopy] = field(default_factory=list)
+    kafka: KafkaCopies | None = None
     """Kafka read once the outbox was empty: every committed event is there by then."""
+    kafka_error: str = ""
+    """Why the last attempt to read Kafka failed (it is tried again until the deadline)."""
 
 
 def drain(
@@ -167,15 +164,20 @@ def drain(
             time.sleep(pause)  # polling: the outbox and a folder have no event to await
         return False
 
-    reader = threading.Thread(
-        target=lambda: result.copies.extend(kafka_copies(bootstrap_servers, lake.topic_pattern)),
-        name="drain-kafka-read",
-        daemon=True,
-    )
+    def read_kafka() -> None:
+        while time.monotonic() < deadline:
+            try:
+                result.kafka = kafka_copies(bootstrap_servers, lake.topic_pattern)
+                return
+            except BrokerError as error:  # a broker still coming back: read again
+                result.kafka_error = str(error)
+                time.sleep(1.0)
+
+    reader = threading.Thread(target=read_kafka, name="drain-kafka-read", daemon=True)
 
     def kafka_read() -> bool:
         reader.join(max(0.0, deadline - time.monotonic()))
-        return not reader.is_alive()
+        return result.kafka is not None
 
     committed = set(truth.committed)
     if waited("the outbox empty", lambda: undelivered() == 0, 1.0):
@@ -186,15 +188,19 @@ def drain(
                 lambda: committed <= _lake_ids(lake),
                 3.0,
             )
-            and waited("Kafka read", kafka_read, 0.0)
+            and waited("Kafka read", kafka_read, 1.0)
             and waited(
                 "the lake holding every event on Kafka",
-                lambda: {c.event_id for c in result.copies} <= _lake_ids(lake),
+                lambda: {c.event_id for c in _copies(result)} <= _lake_ids(lake),
                 3.0,
             )
         )
     result.seconds = round(time.monotonic() - started, 1)
     return result
+
+
+def _copies(result: Drain) -> list[KafkaCopy]:
+    return [] if result.kafka is None else result.kafka.copies
 
 
 @dataclass
@@ -258,8 +264,14 @@ def _versions_out_of_order(events: Iterable[Written]) -> list[str]:
     return found
 
 
-def check(truth: GroundTruth, rows: list[LakeRow], copies: list[KafkaCopy]) -> Checks:
+def check(
+    truth: GroundTruth,
+    rows: list[LakeRow],
+    copies: list[KafkaCopy],
+    undecodable: Sequence[Undecodable] = (),
+) -> Checks:
     checks = Checks()
+    checks.found("undecodable records on Kafka", [f"{u.place}: {u.reason}" for u in undecodable])
     in_lake = Counter(row.event_id for row in rows)
     on_kafka = {copy.event_id for copy in copies}
     committed, unknown = truth.committed, truth.unknown

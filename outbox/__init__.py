@@ -1,9 +1,16 @@
 """The outbox SDK: write a business row and its events in one PostgreSQL transaction.
 
 >>> from outbox import Event, publish
->>> with Session(engine) as session, session.begin():            # doctest: +SKIP
+>>> with Session(engine) as session, session.begin():
 ...     session.add(order)
-...     publish(session, Event("order", order.id, "OrderPlaced", {"total": order.total}))
+...     session.flush()  # assigns order.id
+...     event = Event("order", str(order.id), "OrderPlaced", {"total": order.total})
+...     result = publish(session, event)
+>>> result.duplicate
+False
+
+``engine`` is a SQLAlchemy engine on psycopg 3 (``postgresql+psycopg://``), ``order`` a row of
+yours; ``aggregate_id`` is a ``str``. (tests/integration/test_docs.py runs this example.)
 """
 
 from importlib import import_module
@@ -11,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.core.effects import LookupAnswer
 from outbox.core.errors import (
+    BrokerError,
+    BrokerUnavailable,
     ConfigurationError,
     ContractViolation,
     DedupKeyUnavailableError,
@@ -24,6 +33,8 @@ from outbox.core.errors import (
     OutboxError,
     PayloadTooLargeError,
     PayloadTypeError,
+    RecordsGoneError,
+    ShortReadError,
     TransactionRequiredError,
     UnsupportedTransactionError,
 )
@@ -31,6 +42,7 @@ from outbox.core.event import Event, PublishResult, new_event_id
 
 if TYPE_CHECKING:
     from outbox._default import aclaim, apublish, apublish_many, claim, publish, publish_many
+    from outbox._drivers import sqlalchemy_url
     from outbox.effects import AsyncEffects, Effects
     from outbox.inbox import AsyncInbox, Inbox
     from outbox.publisher import AsyncOutbox, Outbox
@@ -45,6 +57,7 @@ _LAZY = {
     "claim": "outbox._default",
     "publish": "outbox._default",
     "publish_many": "outbox._default",
+    "sqlalchemy_url": "outbox._drivers",
     "AsyncEffects": "outbox.effects",
     "Effects": "outbox.effects",
     "AsyncInbox": "outbox.inbox",
@@ -68,6 +81,8 @@ __all__ = [
     "AsyncEffects",
     "AsyncInbox",
     "AsyncOutbox",
+    "BrokerError",
+    "BrokerUnavailable",
     "ConfigurationError",
     "ContractViolation",
     "DedupKeyUnavailableError",
@@ -88,6 +103,8 @@ __all__ = [
     "PayloadTooLargeError",
     "PayloadTypeError",
     "PublishResult",
+    "RecordsGoneError",
+    "ShortReadError",
     "TransactionRequiredError",
     "UnsupportedTransactionError",
     "aclaim",
@@ -97,4 +114,5 @@ __all__ = [
     "new_event_id",
     "publish",
     "publish_many",
+    "sqlalchemy_url",
 ]

@@ -2,7 +2,10 @@
 
 Supported, sync: SQLAlchemy ``Session`` and ``Connection``, psycopg ``Connection``.
 Supported, async: SQLAlchemy ``AsyncSession`` and ``AsyncConnection``, psycopg
-``AsyncConnection``. SQLAlchemy must use the psycopg driver (``postgresql+psycopg://``).
+``AsyncConnection``. SQLAlchemy must use the psycopg 3 driver (``postgresql+psycopg://``, for
+``create_engine`` and ``create_async_engine`` alike): SQLAlchemy reads a plain
+``postgresql://`` as psycopg2, which :func:`sqlalchemy_url` maps to psycopg 3; psycopg2,
+asyncpg and the other drivers are refused.
 
 Before anything runs, the transaction is checked: an autocommit connection, or one with no
 transaction open, is refused, because an event written there would be atomic with nothing.
@@ -22,7 +25,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from outbox.core.errors import TransactionRequiredError, UnsupportedTransactionError
+from outbox.core.errors import (
+    ConfigurationError,
+    TransactionRequiredError,
+    UnsupportedTransactionError,
+)
 from outbox.core.protocol import Rows
 from outbox.core.statements import Result, Statement, to_named_style
 
@@ -31,6 +38,7 @@ __all__ = [
     "check_psycopg_transaction",
     "drive",
     "drive_async",
+    "sqlalchemy_url",
     "still_in_transaction",
     "sync_executor",
 ]
@@ -47,6 +55,37 @@ _HOW_TO_BEGIN = (
     "`with conn.transaction():` (psycopg)"
 )
 _HOW_TO_BEGIN_ASYNC = _HOW_TO_BEGIN.replace("`with", "`async with")
+
+# SQLAlchemy's names for psycopg 3 (``psycopg_async`` is its explicit async twin); the
+# driverless schemes it would read as psycopg2 (``postgres://`` it does not read at all).
+_PSYCOPG_DRIVERS = ("postgresql+psycopg", "postgresql+psycopg_async")
+_DRIVERLESS = ("postgresql", "postgres")
+_USE_PSYCOPG = (
+    "use postgresql+psycopg://user:password@host:5432/db (psycopg 3, for create_engine and "
+    "create_async_engine alike), or pass the URL through outbox.sqlalchemy_url()"
+)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``url`` as a SQLAlchemy URL on psycopg 3, the one driver the SDK runs on.
+
+    ``postgresql://`` (which SQLAlchemy reads as psycopg2) and ``postgres://`` (which it does
+    not read) become ``postgresql+psycopg://``; a psycopg 3 URL is returned unchanged.
+    Another driver (psycopg2, asyncpg, pg8000...) or another database is refused with
+    :class:`ConfigurationError`, whose message names the fix and never the password.
+    """
+    scheme, separator, rest = url.partition("://")
+    if separator and scheme.lower() in _PSYCOPG_DRIVERS:
+        return url
+    if separator and scheme.lower() in _DRIVERLESS:
+        return f"postgresql+psycopg://{rest}"
+    if separator and scheme.lower().startswith(("postgresql+", "postgres+")):
+        driver = scheme.partition("+")[2]
+        raise ConfigurationError(
+            f"the database URL names the driver {driver!r}: the outbox SDK runs on psycopg 3 "
+            f"only; {_USE_PSYCOPG}"
+        )
+    raise ConfigurationError(f"the database URL is not a PostgreSQL URL: {_USE_PSYCOPG}")
 
 
 def drive(operation: Generator[Statement, Rows, T], execute: SyncExecutor) -> T:
@@ -220,9 +259,10 @@ def _check_sqlalchemy_driver(driver_connection: object | None) -> None:
     if driver_connection is None:
         return
     if not isinstance(driver_connection, psycopg.Connection | psycopg.AsyncConnection):
+        driver = type(driver_connection).__module__.split(".")[0]
         raise UnsupportedTransactionError(
-            f"the SQLAlchemy engine uses the driver {type(driver_connection).__module__}: "
-            "create it with a postgresql+psycopg:// URL"
+            f"the SQLAlchemy engine uses the driver {driver} (a plain postgresql:// URL means "
+            f"psycopg2 to SQLAlchemy); the outbox SDK runs on psycopg 3: {_USE_PSYCOPG}"
         )
     if driver_connection.autocommit:
         raise TransactionRequiredError(

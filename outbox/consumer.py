@@ -5,12 +5,14 @@ handler; both commit or neither does. Kafka offsets are committed after that, so
 in between redelivers records whose claims already exist: they are skipped. A handler that
 keeps failing on one record (``max_attempts``) sends it to the consumer's dead-letter table
 (``outbox.outbox_inbox_dead_letter``) instead of blocking its partition; a record that does
-not follow the contract goes there at once. Database outages (the connection is lost or
-refused, the server shuts down) are not the handler's fault: they are retried without end
-(with backoff) and never dead-letter anything. Every other database error, transient or
-not (a cancelled query, a statement timeout, a serialization failure, a deadlock), counts
-as a failed attempt: retried up to ``max_attempts``, then a dead letter, so that no record
-can block its partition for ever.
+not follow the contract goes there at once, and so does a record no reader can take at
+its word (a header name that is not UTF-8: Kafka accepts one from any Go or C producer),
+with its offsets and the reason: nothing stops the partition. Database outages (the
+connection is lost or refused, the server shuts down) are not the handler's fault: they are
+retried without end (with backoff) and never dead-letter anything. Every other database
+error, transient or not (a cancelled query, a statement timeout, a serialization failure, a
+deadlock), counts as a failed attempt: retried up to ``max_attempts``, then a dead letter,
+so that no record can block its partition for ever.
 
     from sqlalchemy.orm import sessionmaker
     from outbox.consumer import IdempotentConsumer
@@ -37,14 +39,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from kafka import KafkaConsumer
-
 from outbox._drivers import drive, sync_executor
-from outbox.core.contract import ContractViolation, ReceivedEvent, parse_record
+from outbox.core.contract import ReceivedEvent
 from outbox.core.errors import ConfigurationError
+from outbox.core.kafka_record import KafkaRecord, Undecodable, decode_event
 from outbox.core.protocol import claim_message, dead_letter_message
 from outbox.core.statements import OutboxStatements
-from outbox.settings import OutboxSettings
+from outbox.kafka_reading import KafkaReader, ReaderRole
+from outbox.settings import KafkaSettings, OutboxSettings
 
 __all__ = ["ConsumerStats", "IdempotentConsumer", "ReceivedEvent"]
 
@@ -98,6 +100,9 @@ class IdempotentConsumer(Generic[T]):
     a function returning ``connection.transaction()``-style context managers that yield the
     connection. ``name`` is the inbox's consumer name: one per service, stable across
     deploys. Subscribe with ``topics`` or a regex ``pattern`` (e.g. ``^outbox\\.event\\..*``).
+    ``consumer_options``: the reader's group timing and fetch sizes by name
+    (``session_timeout_ms``, ``max_poll_records``...: :class:`outbox.kafka_reading.ReaderRole`).
+    It reads committed records only, as every reader of the project.
     """
 
     def __init__(
@@ -126,19 +131,11 @@ class IdempotentConsumer(Generic[T]):
         self._max_attempts = max_attempts
         self._backoff = retry_backoff_seconds
         self._statements = OutboxStatements((settings or OutboxSettings()).tables)
-        self._consumer: Any = KafkaConsumer(
-            bootstrap_servers=bootstrap_servers.split(","),
-            isolation_level="read_committed",
-            group_id=group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            # kafka-python's own metrics name topics a.b and a_b alike, and then fail.
-            **{"metrics_enabled": False, **(consumer_options or {})},
+        role = ReaderRole(client_id=f"outbox-consumer-{name}", group_id=group_id)
+        self._reader = KafkaReader(
+            KafkaSettings(bootstrap_servers=bootstrap_servers), role.with_options(consumer_options)
         )
-        if pattern is not None:
-            self._consumer.subscribe(pattern=pattern)
-        else:
-            self._consumer.subscribe(list(topics))
+        self._reader.subscribe(topics, pattern)
 
     def run(self, stop: threading.Event) -> None:
         """Consume until ``stop`` is set; the record in hand is finished first."""
@@ -148,37 +145,26 @@ class IdempotentConsumer(Generic[T]):
         except _Stopped:
             return  # the record in hand is not committed: it comes again after a restart
         finally:
-            self._consumer.close(autocommit=False)
+            self._reader.close()
 
     def poll_once(self, *, timeout_seconds: float, stop: threading.Event | None = None) -> int:
         """Handle one poll's records, then commit their offsets. How many records came."""
-        batches = self._consumer.poll(timeout_ms=int(timeout_seconds * 1000))
-        count = 0
-        for records in batches.values():
-            for record in records:
-                self._handle(record, stop)
-                count += 1
-        if count:
-            self._consumer.commit()
-        return count
+        records = self._reader.poll(timeout_seconds)
+        for record in records:
+            self._handle(record, stop)
+        if records:
+            self._reader.commit()
+        return len(records)
 
     def close(self) -> None:
-        self._consumer.close(autocommit=False)
+        self._reader.close()
 
     # -- one record ------------------------------------------------------------------------
 
-    def _handle(self, record: Any, stop: threading.Event | None) -> None:
-        try:
-            event = parse_record(
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                key=record.key,
-                value=record.value,
-                headers=record.headers,
-            )
-        except ContractViolation as violation:
-            self._dead_letter(record, None, f"not an outbox record: {violation}", 1, stop)
+    def _handle(self, record: KafkaRecord, stop: threading.Event | None) -> None:
+        event = decode_event(record)
+        if isinstance(event, Undecodable):
+            self._dead_letter(record, None, f"not an outbox record: {event.reason}", 1, stop)
             return
         attempts = 0
         backoff = self._backoff
@@ -219,7 +205,7 @@ class IdempotentConsumer(Generic[T]):
 
     def _dead_letter(
         self,
-        record: Any,
+        record: KafkaRecord,
         event: ReceivedEvent | None,
         reason: str,
         attempts: int,

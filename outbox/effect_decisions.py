@@ -26,6 +26,7 @@ from outbox.core.effects import check_step_names
 from outbox.core.errors import EffectStateError
 from outbox.core.protocol import Rows
 from outbox.core.statements import Result, Statement
+from outbox.core.text import storable_text
 from outbox.settings import OutboxSettings
 
 __all__ = [
@@ -98,7 +99,8 @@ def mark_done(
 ) -> None:
     """Decide that the third party did act: the step is done, with its ``reference``."""
     names = _names(consumer, event_id, effect)
-    params = {**names, "reference": reference, "reason": "marked done by an operator"}
+    stored = None if reference is None else storable_text(reference)
+    params = {**names, "reference": stored, "reason": "marked done by an operator"}
     _decide(transaction, _statements(settings).decide_done, params)
 
 

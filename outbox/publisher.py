@@ -177,9 +177,12 @@ class Outbox(_OutboxBase):
     """Publish events through a SQLAlchemy ``Session``/``Connection`` or a psycopg ``Connection``.
 
     >>> outbox = Outbox()
-    >>> with Session(engine) as session, session.begin():      # doctest: +SKIP
+    >>> with Session(engine) as session, session.begin():
     ...     session.add(order)
-    ...     outbox.publish(session, Event("order", order.id, "OrderPlaced", {"total": "9.90"}))
+    ...     session.flush()  # assigns order.id
+    ...     result = outbox.publish(session, Event("order", str(order.id), "OrderPlaced", {}))
+    >>> result.duplicate
+    False
     """
 
     def publish(self, transaction: object, event: Event) -> PublishResult:

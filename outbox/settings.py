@@ -12,47 +12,69 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from outbox.core.errors import ConfigurationError
 from outbox.core.identifiers import validate_identifier
 from outbox.core.tables import OutboxTables
 
-__all__ = ["DatabaseSettings", "KafkaSettings", "OutboxSettings", "describe_validation_error"]
+__all__ = [
+    "DatabaseSettings",
+    "KafkaSettings",
+    "OutboxSettings",
+    "describe_validation_error",
+    "effect_retention",
+]
 
 PositiveDuration = Annotated[timedelta, Field(gt=timedelta(0))]
 
 
 class OutboxSettings(BaseSettings):
-    """Where the outbox lives and the limits of what it accepts.
+    """Where the outbox lives and the limits of what it accepts (``OUTBOX_*``).
 
-    ``OUTBOX_SCHEMA_NAME``, ``OUTBOX_TABLE``, ``OUTBOX_DEDUP_TABLE``, ``OUTBOX_INBOX_TABLE`` and
-    ``OUTBOX_PUBLICATION`` are plain SQL identifiers. ``OUTBOX_MAX_PAYLOAD_BYTES`` bounds one
-    event's JSON payload. Durations accept seconds (``86400``) or ISO 8601 (``P1D``).
-
-    ``OUTBOX_LAKE_CONTRACT``: what publishing does with a payload the lake's typed table would
-    set aside (a field outside int64, names that differ only in case, a reserved name...):
-    ``warn`` (default, a :class:`~outbox.LakeContractWarning`), ``strict`` (refuse it with
-    :class:`~outbox.LakeContractError`) or ``off``. ``OUTBOX_LAKE_STRICT_TYPES``: aggregate
-    types held to ``strict`` whatever the mode, as a JSON list (``["order", "payment"]``).
+    Read by the SDK, the CLI, the relay, the connector's rendering and reconcile. Names are
+    plain SQL identifiers; durations accept seconds (``86400``) or ISO 8601 (``P1D``). A
+    *done* step of the side-effect ledger is kept for :attr:`effect_retention`, derived from
+    the inbox and dead-letter retentions (the longer), so that a redelivery or a dead
+    letter's replay, however late, finds it done and does not call the third party again.
+    Each field's docstring is its meaning in docs/settings.md (generated from this class).
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     schema_name: str = "outbox"
+    """Schema of the outbox objects (tables, sequence, publication's tables)."""
     table: str = "outbox"
+    """The outbox table."""
     dedup_table: str = "outbox_dedup"
+    """The dedup keys' table."""
     inbox_table: str = "outbox_inbox"
+    """The inbox claims' table (idempotent consumers)."""
     publication: str = "outbox_publication"
+    """The publication CDC reads (made by the migrations, inserts only)."""
     max_payload_bytes: int = Field(default=1_000_000, gt=0, le=100_000_000)
+    """Largest JSON payload of one event, in bytes (larger: PayloadTooLargeError)."""
     dedup_window: PositiveDuration = timedelta(hours=24)
+    """How long a dedup key makes a second publish a no-op (`outbox db expire` deletes older
+    keys)."""
     inbox_retention: PositiveDuration = timedelta(days=7)
+    """How long an inbox claim is kept: longer than any redelivery can take."""
+    dead_letter_retention: PositiveDuration = timedelta(days=30)
+    """How long a consumer dead letter is kept (`outbox db expire`; relay dead letters are
+    never expired). Done side-effect steps live as long as this or the inbox retention,
+    whichever is longer."""
     lake_contract: Literal["off", "warn", "strict"] = "warn"
+    """What publishing does with a payload the lake's typed table would set aside: `warn`
+    (a LakeContractWarning), `strict` (refuse it: LakeContractError) or `off`."""
     lake_strict_types: frozenset[str] = frozenset()
+    """Aggregate types held to `strict` whatever the mode, as a JSON list (`["order"]`)."""
 
     @field_validator("schema_name", "table", "dedup_table", "inbox_table", "publication")
     @classmethod
     def _plain_identifier(cls, value: str) -> str:
         return validate_identifier(value, field="the name")
 
-    @field_validator("dedup_window", "inbox_retention", mode="before")
+    @field_validator("dedup_window", "inbox_retention", "dead_letter_retention", mode="before")
     @classmethod
     def _seconds_or_iso(cls, value: object) -> object:
         """Environment values are text: accept '86400' (seconds) as well as 'P1D'."""
@@ -62,6 +84,11 @@ class OutboxSettings(BaseSettings):
             except ValueError:
                 return value
         return value
+
+    @property
+    def effect_retention(self) -> timedelta:
+        """How long a *done* ledger step is kept: as long as inbox claims and dead letters."""
+        return effect_retention(self.inbox_retention, self.dead_letter_retention)
 
     @property
     def tables(self) -> OutboxTables:
@@ -74,39 +101,59 @@ class OutboxSettings(BaseSettings):
         )
 
 
+def effect_retention(inbox_retention: timedelta, dead_letter_retention: timedelta) -> timedelta:
+    """A done step outlives what can bring its event back: an expired inbox claim (the event
+    is applied again) or a dead letter (replayed). Never a setting of its own to disagree."""
+    return max(inbox_retention, dead_letter_retention)
+
+
 class DatabaseSettings(BaseSettings):
     """``OUTBOX_DATABASE_URL``: the SQLAlchemy URL of the application's database.
 
     For example ``postgresql+psycopg://app:secret@db.internal:5432/shop``. It is a secret: it
-    is never logged or printed with its password.
+    is never logged or printed with its password. A plain ``postgresql://`` URL is given the
+    psycopg 3 driver (:func:`outbox.sqlalchemy_url`); another driver is refused.
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore", frozen=True)
+    # hide_input_in_errors: a refused URL is not repeated (with its password) in the error.
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_",
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,
+        use_attribute_docstrings=True,
+    )
 
     database_url: SecretStr
+    """SQLAlchemy URL of the database (`postgresql+psycopg://user:password@host:5432/db`;
+    `postgresql://` gets the psycopg 3 driver). A secret: never printed. The CLI's
+    `outbox db` and `outbox effects` also take `--database-url-file PATH`."""
 
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: SecretStr) -> SecretStr:
-        url = value.get_secret_value()
-        if not url.startswith(("postgresql://", "postgresql+psycopg://")):
-            raise ValueError(
-                "must be a PostgreSQL URL such as postgresql+psycopg://user:password@host:5432/db"
-            )
-        return value
+        """On psycopg 3: ``postgresql://`` (psycopg2 to SQLAlchemy) gets its driver."""
+        from outbox._drivers import sqlalchemy_url
+
+        try:
+            return SecretStr(sqlalchemy_url(value.get_secret_value()))
+        except ConfigurationError as error:
+            raise ValueError(str(error)) from None
 
 
 class KafkaSettings(BaseSettings):
     """``OUTBOX_KAFKA_BOOTSTRAP_SERVERS``: the Kafka cluster every component uses.
 
-    A comma-separated list of ``host:port``. Unset, the local stack's own broker is used;
-    set, ``outbox stack up`` starts no broker and Connect (and later the relay and the lake
-    job) use this cluster instead.
+    Unset, the local stack's own broker is used; set, ``outbox stack up`` starts no broker
+    and Connect, the relay and the lake job use this cluster instead.
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_KAFKA_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_KAFKA_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     bootstrap_servers: str | None = None
+    """The Kafka cluster, `host:port[,host:port...]`; unset: the local stack's broker."""
 
     @field_validator("bootstrap_servers")
     @classmethod

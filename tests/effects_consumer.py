@@ -4,8 +4,9 @@ Settings from the environment: ``OUTBOX_DATABASE_URL``, ``EFFECTS_BOOTSTRAP``,
 ``EFFECTS_TOPIC``, ``EFFECTS_GROUP``, ``EFFECTS_PROVIDER`` (URL), ``EFFECTS_MODE`` (``inbox``:
 ``IdempotentConsumer`` from examples/outbox_examples/payment_effects.py; ``plain``: a bare Kafka
 loop that calls the ledger for every record, so every duplicate reaches it), ``EFFECTS_LOOKUP``
-(1/0), ``EFFECTS_CRASH_PLAN`` (``point:n,...`` with point ``before_call``, ``after_call`` or
-``after_done``, n the order number in the payload) and ``EFFECTS_CRASH_MARKS`` (a folder).
+(1/0), ``EFFECTS_SETTLE_SECONDS`` (the charge's settle time), ``EFFECTS_CRASH_PLAN``
+(``point:n,...`` with point ``before_call``, ``after_call`` or ``after_done``, n the order
+number in the payload) and ``EFFECTS_CRASH_MARKS`` (a folder).
 
 At a planned point the process SIGKILLs itself, once: a mark file says it already did.
 Released steps are performed at start-up, as examples/outbox_examples/payment_effects.py does. Runs
@@ -17,16 +18,17 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from kafka import KafkaConsumer
 from sqlalchemy import create_engine
 
 from outbox.consumer import ReceivedEvent
-from outbox.core.contract import parse_record
+from outbox.core.kafka_record import Undecodable, decode_event
 from outbox.effects import Effects, EffectStep
+from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox_examples import payment_effects
 
 FAST_GROUP = {
@@ -67,7 +69,8 @@ def main() -> None:
     env = os.environ
     engine = create_engine(env["OUTBOX_DATABASE_URL"])
     payment_effects.create_schema(engine)
-    client = CrashingClient(env["EFFECTS_PROVIDER"])
+    settle = timedelta(seconds=float(env.get("EFFECTS_SETTLE_SECONDS", "30")))
+    client = CrashingClient(env["EFFECTS_PROVIDER"], settle_after=settle)
     lookup = env.get("EFFECTS_LOOKUP") == "1"
     stop = threading.Event()
 
@@ -104,7 +107,10 @@ def main() -> None:
 
 def released(engine: Any, ledger: Effects, client: CrashingClient, lookup: bool) -> None:
     outcomes = ledger.perform_released(
-        payment_effects.EFFECT, client.charge, lookup=client.find if lookup else None
+        payment_effects.EFFECT,
+        client.charge,
+        lookup=client.find if lookup else None,
+        settle_after=client.settle_after,
     )
     payment_effects.record_released(engine, outcomes)
 
@@ -113,35 +119,23 @@ def plain_loop(
     ledger: Effects, client: CrashingClient, lookup: bool, stop: threading.Event
 ) -> None:
     env = os.environ
-    consumer = KafkaConsumer(
-        env["EFFECTS_TOPIC"],
-        bootstrap_servers=env["EFFECTS_BOOTSTRAP"],
-        isolation_level="read_committed",
-        group_id=env["EFFECTS_GROUP"],
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        **FAST_GROUP,
-    )
+    role = ReaderRole(client_id="effects-plain", group_id=env["EFFECTS_GROUP"])
+    reader = KafkaReader(env["EFFECTS_BOOTSTRAP"], role.with_options(FAST_GROUP))
+    reader.subscribe([env["EFFECTS_TOPIC"]])
     handle = payment_effects.handler(ledger, client, lookup=lookup)
     try:
         while not stop.is_set():
-            batches = consumer.poll(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    event = parse_record(
-                        topic=record.topic,
-                        partition=record.partition,
-                        offset=record.offset,
-                        key=record.key,
-                        value=record.value,
-                        headers=record.headers,
-                    )
-                    handle(_NoSession(), event)
-                    crash_if_planned("after_done", int(event.aggregate_id))
-            if batches:
-                consumer.commit()
+            records = reader.poll(0.5)
+            for record in records:
+                event = decode_event(record)
+                if isinstance(event, Undecodable):
+                    raise RuntimeError(f"the test wrote {event.place}: {event.reason}")
+                handle(_NoSession(), event)
+                crash_if_planned("after_done", int(event.aggregate_id))
+            if records:
+                reader.commit()
     finally:
-        consumer.close(autocommit=False)
+        reader.close()
 
 
 class _NoSession:

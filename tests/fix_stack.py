@@ -61,6 +61,10 @@ def started_services(cluster: PostgresCluster, settings: StackSettings) -> Kafka
     connect = ConnectWorker(settings, bootstrap_servers=broker.bootstrap_servers)
     connect.down()  # left running by an interrupted run
     broker.down()
+    # A fresh broker for each run: the last run's topics and Connect's configs (connectors of
+    # databases dropped since) would come back from its durable data folder.
+    shutil.rmtree(broker.home, ignore_errors=True)
+    shutil.rmtree(connect.home, ignore_errors=True)
     broker.up()
     return KafkaServices(settings, cluster, broker, connect)
 

@@ -4,9 +4,10 @@ Every command runs inside :func:`friendly_errors` (``outbox_cli.main`` wraps eac
 user can meet ends the command with one line on stderr naming the setting, the service or
 the reason, never a traceback, unless ``--verbose`` was given (every command accepts it),
 which prints the traceback first. Exit status: 2 for what the user can fix (a bad setting,
-an unreachable service, an operation refused: every :class:`OutboxError`), 1 for anything
-unexpected (a bug: the line says so and names ``--verbose``); a command's own 1 (a status
-that is down, a job that stopped) is unchanged.
+an unreachable service, an operation refused: every :class:`OutboxError`; a library of an
+extra that is not installed, named with the extra to install), 1 for anything unexpected (a
+bug: the line says so and names ``--verbose``); a command's own 1 (a status that is down, a
+job that stopped) is unchanged.
 """
 
 from __future__ import annotations
@@ -29,6 +30,24 @@ S = TypeVar("S", bound=BaseSettings)
 USER_ERROR = 2
 UNEXPECTED_ERROR = 1
 MAX_LINE = 600  # a log tail in a message is cut here; --verbose prints the whole error
+DISTRIBUTION = "outbox-relay"
+
+# The libraries only an extra installs (pyproject.toml), by import name, each with the
+# smallest extra that installs it; tests/unit/test_extras.py keeps this in step with the
+# imports of each extra's modules. A command that meets one missing names the extra.
+EXTRA_OF_LIBRARY = {
+    "kafka": "relay",
+    "crc32c": "relay",
+    "prometheus_client": "relay",
+    "pythonjsonlogger": "relay",
+    "pyspark": "lake",
+    "py4j": "lake",
+    "deltalake": "lake",
+    "pyarrow": "lake",
+    "pandas": "lake",
+    "numpy": "lake",
+    "duckdb": "lake",
+}
 
 
 class _Verbosity:
@@ -53,12 +72,18 @@ def fail(message: str, error: BaseException | None = None, code: int = USER_ERRO
     return typer.Exit(code)
 
 
-def describe(error: Exception) -> tuple[str, int] | None:
-    """The one line for an error a user can meet, and its exit status; None for a bug."""
+def describe(error: Exception, command: str | None = None) -> tuple[str, int] | None:
+    """The one line for an error a user can meet, and its exit status; None for a bug.
+    ``command`` (``outbox relay run``) is named when its extra is missing."""
     if isinstance(error, ValidationError):
         return f"error: invalid settings: {_settings_problems(error, 'OUTBOX_')}", USER_ERROR
     if isinstance(error, OutboxError):
         return f"error: {error}", USER_ERROR
+    if (
+        isinstance(error, ModuleNotFoundError)
+        and (missing := missing_extra(error, command)) is not None
+    ):
+        return missing, USER_ERROR
     names = {cls.__module__.split(".")[0] for cls in type(error).__mro__}
     if "sqlalchemy" in names:
         # The driver's own message; SQLAlchemy's wrapper would add the statement text.
@@ -72,15 +97,30 @@ def describe(error: Exception) -> tuple[str, int] | None:
     return None
 
 
+def missing_extra(error: ModuleNotFoundError, command: str | None = None) -> str | None:
+    """The line for a library an extra installs that is missing: the command, the extra and
+    the ``pip install`` that brings it; None when the module is none of the extras'."""
+    library = (error.name or "").split(".")[0]
+    extra = EXTRA_OF_LIBRARY.get(library)
+    if extra is None:
+        return None
+    command = f"`{command}`" if command else "this command"
+    return (
+        f"error: {command} needs the {extra} extra ({library} is not installed): "
+        f"pip install '{DISTRIBUTION}[{extra}]' (from a clone: pip install -e '.[{extra}]')"
+    )
+
+
 @contextmanager
-def friendly_errors() -> Iterator[None]:
-    """Turn any exception into one readable line and an exit status (see the module)."""
+def friendly_errors(command: str | None = None) -> Iterator[None]:
+    """Turn any exception into one readable line and an exit status (see the module);
+    ``command`` is the command's path, ``outbox relay run``."""
     try:
         yield
     except (typer.Exit, typer.Abort):
         raise
     except Exception as error:
-        described = describe(error)
+        described = describe(error, command)
         if described is None:
             message = (
                 f"unexpected error: {type(error).__name__}: {error} "

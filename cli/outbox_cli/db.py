@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
+from outbox.core.errors import ConfigurationError
 from outbox_cli._common import load
 
 if TYPE_CHECKING:
@@ -23,7 +25,14 @@ app = typer.Typer(
 DATABASE_URL_OPTION = typer.Option(
     None,
     "--database-url",
-    help="SQLAlchemy URL of the database; default: the OUTBOX_DATABASE_URL environment variable.",
+    help="SQLAlchemy URL of the database, without a password (the command line is visible to "
+    "every user of the machine); default: the OUTBOX_DATABASE_URL environment variable.",
+)
+DATABASE_URL_FILE_OPTION = typer.Option(
+    None,
+    "--database-url-file",
+    help="A file that holds the database URL (with its password): readable by you only.",
+    dir_okay=False,
 )
 
 
@@ -35,17 +44,60 @@ CONSUMER_NAME_OPTION = typer.Option(
 )
 
 
+def database_url_of(url: str | None, url_file: Path | None) -> str:
+    """The database URL: from ``--database-url-file``, from ``--database-url`` when it
+    holds no password, else OUTBOX_DATABASE_URL. A password on the command line is refused
+    (before anything connects): every user of the machine can read it there (``ps``)."""
+    from outbox.settings import DatabaseSettings
+
+    if url is not None and url_file is not None:
+        raise ConfigurationError("give --database-url or --database-url-file, not both")
+    if url_file is not None:
+        url = url_file.read_text(encoding="utf-8").strip()
+        where = f"--database-url-file {url_file}"
+        if not url:
+            raise ConfigurationError(f"{where}: the file is empty")
+    elif url is not None:
+        where = "--database-url"
+        if _has_password(url):
+            raise ConfigurationError(
+                "--database-url holds a password, which every user of this machine can read "
+                "in the process list: set OUTBOX_DATABASE_URL instead, or put the URL in a "
+                "file only you can read and give --database-url-file PATH"
+            )
+    else:
+        return load(DatabaseSettings).database_url.get_secret_value()
+    from outbox import sqlalchemy_url
+
+    try:
+        return sqlalchemy_url(url)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{where}: {error}") from None
+
+
+def _has_password(url: str) -> bool:
+    """A password in the URL's authority (``user:password@``) or its query
+    (``?password=``, which libpq reads too)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL that can be read: it may hold anything
+        return True
+    return bool(parts.password) or any(key.lower() == "password" for key in parse_qs(parts.query))
+
+
 @contextmanager
-def _database(database_url: str | None) -> Iterator[tuple[Connection, OutboxSettings]]:
+def _database(
+    database_url: str | None, database_url_file: Path | None = None
+) -> Iterator[tuple[Connection, OutboxSettings]]:
     """One connection in one transaction (committed on success), and the outbox settings."""
     from sqlalchemy import create_engine
 
-    from outbox.settings import DatabaseSettings, OutboxSettings
+    from outbox.settings import OutboxSettings
 
     settings = load(OutboxSettings)
-    if database_url is None:
-        database_url = load(DatabaseSettings).database_url.get_secret_value()
-    engine = create_engine(database_url)
+    engine = create_engine(database_url_of(database_url, database_url_file))
     try:
         with engine.begin() as connection:
             yield connection, settings
@@ -57,11 +109,12 @@ def _database(database_url: str | None) -> Iterator[tuple[Connection, OutboxSett
 def upgrade(
     revision: str = typer.Argument("head", help="Target revision."),
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """Upgrade the outbox objects to REVISION (default: the newest)."""
     import outbox_migrations
 
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         outbox_migrations.upgrade(connection, revision, settings=settings)
         now = outbox_migrations.current(connection, settings=settings)
     typer.echo(f"outbox schema {settings.schema_name!r} at revision {now}")
@@ -71,22 +124,26 @@ def upgrade(
 def downgrade(
     revision: str = typer.Argument(..., help="Target revision; 'base' removes everything."),
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """Downgrade the outbox objects to REVISION. 'base' drops the tables and their rows."""
     import outbox_migrations
 
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         outbox_migrations.downgrade(connection, revision, settings=settings)
         now = outbox_migrations.current(connection, settings=settings)
     typer.echo(f"outbox schema {settings.schema_name!r} at revision {now or 'base'}")
 
 
 @app.command()
-def current(database_url: str | None = DATABASE_URL_OPTION) -> None:
+def current(
+    database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
+) -> None:
     """Print the applied outbox revision ('base' when none)."""
     import outbox_migrations
 
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         now = outbox_migrations.current(connection, settings=settings)
     typer.echo(now or "base")
 
@@ -99,6 +156,7 @@ def grant(
     relay: bool = typer.Option(False, "--relay", help="Allow it to run the polling relay."),
     consumer_names: list[str] | None = CONSUMER_NAME_OPTION,
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """Grant ROLE the least privileges to publish events, consume them idempotently, or relay."""
     import outbox_migrations
@@ -110,7 +168,7 @@ def grant(
     if consumer_names and not consumer:
         typer.secho("--consumer-name goes with --consumer", err=True, fg="red")
         raise typer.Exit(2)
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         if publisher:
             outbox_migrations.grant_publisher(connection, role, settings=settings)
         if consumer:
@@ -129,6 +187,7 @@ def cdc_role(
         None, help="Role name; default: OUTBOX_CONNECT_DATABASE_USER (outbox_cdc)."
     ),
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """Create or update the role Debezium connects as: LOGIN REPLICATION, SELECT on the outbox.
 
@@ -149,7 +208,7 @@ def cdc_role(
             fg="red",
         )
         raise typer.Exit(2)
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         outbox_migrations.create_cdc_role(connection, name, password, settings=settings)
     typer.echo(f"CDC role {name}: LOGIN REPLICATION, SELECT on {settings.tables.qualified_outbox}")
 
@@ -158,6 +217,7 @@ def cdc_role(
 def relay_role(
     role: str = typer.Argument("outbox_relay", help="Role name (a plain identifier)."),
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """Create or update the role the polling relay connects as: LOGIN, relay grants only.
 
@@ -173,20 +233,85 @@ def relay_role(
             "set OUTBOX_RELAY_DATABASE_PASSWORD to the relay role's password", err=True, fg="red"
         )
         raise typer.Exit(2)
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         outbox_migrations.create_relay_role(connection, role, password, settings=settings)
     typer.echo(f"relay role {role}: LOGIN, read/delete on {settings.tables.qualified_outbox}")
 
 
-@app.command()
-def expire(
-    dead_letters_days: float = typer.Option(
-        30, "--dead-letters-days", min=0.01, help="Delete dead letters older than this."
+TYPES_ARGUMENT = typer.Argument(None, help="Aggregate types, e.g. order.line.")
+
+
+@app.command("register-types")
+def register_types(
+    aggregate_types: list[str] | None = TYPES_ARGUMENT,
+    from_kafka: bool = typer.Option(
+        False,
+        "--from-kafka",
+        help="Also every aggregate type with a topic (outbox.event.<type>) on the broker "
+        "(OUTBOX_KAFKA_BOOTSTRAP_SERVERS, else the local stack's).",
     ),
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
+) -> None:
+    """Register aggregate types in the topic registry, so that a type whose topic would
+    collide with theirs on Kafka (order_line, order.line) is refused when published.
+
+    For types delivered before the registry knew them (`outbox db upgrade` registers the ones
+    the database has a trace of). Run it as the owner of the outbox objects. Exit 2 when a
+    type collides with a registered one (both topics exist: one type's records fail).
+    """
+    import outbox_migrations
+
+    types = list(aggregate_types or [])
+    if from_kafka:
+        from outbox_cli.relay import aggregate_types_on_kafka
+
+        try:
+            types += aggregate_types_on_kafka()
+        except ModuleNotFoundError as error:  # kafka-python: the relay's extra
+            if error.name != "kafka":
+                raise
+            raise ConfigurationError(
+                "--from-kafka needs kafka-python: pip install 'outbox-relay[relay]'"
+            ) from error
+    if not types:
+        typer.secho("give aggregate types, or --from-kafka", err=True, fg="red")
+        raise typer.Exit(2)
+    with _database(database_url, database_url_file) as (connection, settings):
+        done = outbox_migrations.register_types(connection, types, settings=settings)
+    typer.echo(f"{len(done.registered)} type(s) registered: {' '.join(done.registered)}")
+    typer.echo(f"{len(done.known)} already registered")
+    for invalid in done.invalid:
+        typer.secho(f"not an aggregate type, skipped: {invalid!r}", err=True, fg="yellow")
+    for aggregate_type, holder in done.collisions:
+        typer.secho(
+            f"{aggregate_type} collides with the registered type {holder} (Kafka treats '.' "
+            "and '_' alike): the records of one of them cannot be delivered",
+            err=True,
+            fg="red",
+        )
+    if done.collisions:
+        raise typer.Exit(2)
+
+
+@app.command()
+def expire(
+    dead_letters_days: float | None = typer.Option(
+        None,
+        "--dead-letters-days",
+        min=0.01,
+        help="Delete consumers' dead letters older than this (default: "
+        "OUTBOX_DEAD_LETTER_RETENTION; the relay's stay until replayed or discarded: "
+        "`outbox relay dead-letters`).",
+    ),
+    database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """Delete expired rows: dedup keys (OUTBOX_DEDUP_WINDOW), inbox claims
-    (OUTBOX_INBOX_RETENTION), dead letters (--dead-letters-days), heartbeat rows (1 hour).
+    (OUTBOX_INBOX_RETENTION), consumers' dead letters (OUTBOX_DEAD_LETTER_RETENTION, 30 days,
+    or --dead-letters-days), done side-effect steps (the longer of the inbox's and the dead
+    letters' retention), heartbeat rows (1 hour). Never the relay's dead letters: events not
+    yet published.
 
     Run it on a schedule (hourly, say) as the owner of the outbox objects.
     """
@@ -194,9 +319,8 @@ def expire(
 
     from outbox_migrations.retention import expire as expire_rows
 
-    with _database(database_url) as (connection, settings):
-        deleted = expire_rows(
-            connection, settings=settings, dead_letters=timedelta(days=dead_letters_days)
-        )
+    dead_letters = None if dead_letters_days is None else timedelta(days=dead_letters_days)
+    with _database(database_url, database_url_file) as (connection, settings):
+        deleted = expire_rows(connection, settings=settings, dead_letters=dead_letters)
     for table, count in deleted.items():
         typer.echo(f"{table}: {count} expired row(s) deleted")

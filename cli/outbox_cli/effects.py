@@ -9,10 +9,11 @@ not: the consumer calls once more, with the same key, at its next start).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
-from outbox_cli.db import DATABASE_URL_OPTION, _database
+from outbox_cli.db import DATABASE_URL_FILE_OPTION, DATABASE_URL_OPTION, _database
 
 app = typer.Typer(
     help="Calls to third parties cut short by a crash: list them, decide them.",
@@ -29,13 +30,14 @@ def list_command(
     consumer: str | None = typer.Option(None, "--consumer", help="Only this consumer's steps."),
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """Print the steps that need a decision: names, idempotency key, age, reason, context."""
     from datetime import UTC, datetime
 
     from outbox.effect_decisions import steps_needing_decision
 
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         steps = steps_needing_decision(
             connection, consumer=consumer, limit=limit, settings=settings
         )
@@ -60,11 +62,12 @@ def mark_done_command(
         None, "--reference", help="The third party's id for what it did (recommended)."
     ),
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """The third party did act: mark the step done; it is never called again."""
     from outbox.effect_decisions import mark_done
 
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         mark_done(
             connection,
             consumer=consumer,
@@ -82,11 +85,12 @@ def release_command(
     event_id: str = EVENT_ID,
     effect: str = EFFECT,
     database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
     """The third party did not act: allow one more attempt (same idempotency key)."""
     from outbox.effect_decisions import release
 
-    with _database(database_url) as (connection, settings):
+    with _database(database_url, database_url_file) as (connection, settings):
         release(connection, consumer=consumer, event_id=event_id, effect=effect, settings=settings)
     typer.echo(
         f"{consumer}/{event_id}/{effect}: released; the consumer calls once more when it "

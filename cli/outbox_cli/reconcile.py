@@ -28,17 +28,17 @@ def _readable_failures() -> Iterator[None]:
     """A source that cannot be read ends the run with one line naming it, and status 2."""
     import psycopg
     from deltalake.exceptions import DeltaError
-    from kafka.errors import KafkaError
+
+    from outbox.core.errors import BrokerError, ShortReadError
 
     try:
         yield
     except psycopg.Error as error:
         raise fail(f"outbox database: {error} (check OUTBOX_DATABASE_URL)", error) from None
-    except KafkaError as error:
-        raise fail(
-            f"Kafka: {type(error).__name__}: {error} (check OUTBOX_KAFKA_BOOTSTRAP_SERVERS)",
-            error,
-        ) from None
+    except ShortReadError as error:
+        raise fail(f"Kafka read short, no report: {error}", error) from None
+    except BrokerError as error:
+        raise fail(f"{error} (check OUTBOX_KAFKA_BOOTSTRAP_SERVERS)", error) from None
     except (DeltaError, OSError) as error:
         raise fail(f"lake: {error} (check OUTBOX_LAKE_ROOT)", error) from None
 

@@ -13,7 +13,8 @@ from outbox_cli._common import bootstrap_servers, load
 
 app = typer.Typer(help="The polling relay: outbox rows to Kafka without CDC.", no_args_is_help=True)
 dead_letters_app = typer.Typer(
-    help="Rows the broker refused (too large, invalid): list them, replay them.",
+    help="Rows the broker refused (too large, invalid): list them, replay them, or discard "
+    "them (kept until then: no retention deletes them).",
     no_args_is_help=True,
 )
 app.add_typer(dead_letters_app, name="dead-letters")
@@ -32,8 +33,10 @@ def run(
     """
     from outbox.settings import DatabaseSettings, OutboxSettings
     from outbox_connect.settings import ConnectorSettings
+    from outbox_relay.database import libpq_conninfo
     from outbox_relay.health import HealthServer
     from outbox_relay.logs import configure_json_logging
+    from outbox_relay.metrics import RelayMetrics, SlotWatch
     from outbox_relay.service import Relay
     from outbox_relay.settings import RelaySettings
 
@@ -44,12 +47,15 @@ def run(
     database_url = load(DatabaseSettings).database_url.get_secret_value()
     tables = load(OutboxSettings).tables
     configure_json_logging(log_level.upper())
+    # The replication slots' state for /metrics, read on a thread and connection of its own.
+    slots = SlotWatch(libpq_conninfo(database_url))
     relay = Relay(
         settings,
         database_url=database_url,
         bootstrap_servers=bootstrap_servers(),
         tables=tables,
         cdc_topic_prefix=load(ConnectorSettings).topic_prefix,
+        metrics=RelayMetrics(slots=slots.latest),
     )
     stop = threading.Event()
 
@@ -62,11 +68,13 @@ def run(
     if settings.http_port:
         server = HealthServer(settings.http_host, settings.http_port, relay.liveness, relay.metrics)
         server.start()
+        slots.start()
     try:
         relay.run(stop)  # a start-up check that fails: its message, exit 2 (outbox_cli.main)
     finally:
         if server is not None:
             server.stop()
+        slots.close()
 
 
 @app.command()
@@ -116,6 +124,16 @@ def list_command(
 EVENT_IDS_ARGUMENT = typer.Argument(None, help="Event ids; none: use --all.")
 
 
+def _event_ids(values: list[str]) -> list[uuid.UUID]:
+    try:
+        return [uuid.UUID(value) for value in values]
+    except ValueError:
+        typer.secho(
+            "event ids must be UUIDs, as `dead-letters list` prints them", err=True, fg="red"
+        )
+        raise typer.Exit(2) from None
+
+
 @dead_letters_app.command("retry")
 def retry_command(
     event_ids: list[str] | None = EVENT_IDS_ARGUMENT,
@@ -128,15 +146,57 @@ def retry_command(
     if bool(event_ids) == all_letters:
         typer.secho("give event ids, or --all (not both)", err=True, fg="red")
         raise typer.Exit(2)
-    ids: list[uuid.UUID] | None = None
-    if event_ids:
-        try:
-            ids = [uuid.UUID(value) for value in event_ids]
-        except ValueError:
-            typer.secho(
-                "event ids must be UUIDs, as `dead-letters list` prints them", err=True, fg="red"
-            )
-            raise typer.Exit(2) from None
+    ids = _event_ids(event_ids) if event_ids else None
     database_url = load(DatabaseSettings).database_url.get_secret_value()
     moved = retry_dead_letters(database_url, load(OutboxSettings).tables, ids)
     typer.echo(f"{len(moved)} dead letter(s) back in the outbox")
+
+
+DISCARD_IDS_ARGUMENT = typer.Argument(..., help="Event ids, as `dead-letters list` prints them.")
+
+
+@dead_letters_app.command("discard")
+def discard_command(
+    event_ids: list[str] = DISCARD_IDS_ARGUMENT,
+    yes: bool = typer.Option(False, "--yes", help="Yes: delete them for good."),
+) -> None:
+    """Delete dead letters for good: their events are never published. Replay them instead
+    with `retry` once the cause is fixed; discard only what must not be published."""
+    from outbox.settings import DatabaseSettings, OutboxSettings
+    from outbox_relay.dead_letters import discard_dead_letters
+
+    ids = _event_ids(event_ids)
+    if not yes:
+        typer.secho(
+            f"discarding deletes {len(ids)} dead letter(s) for good: their events are never "
+            "published. Run again with --yes",
+            err=True,
+            fg="red",
+        )
+        raise typer.Exit(2)
+    database_url = load(DatabaseSettings).database_url.get_secret_value()
+    gone = set(discard_dead_letters(database_url, load(OutboxSettings).tables, ids))
+    typer.echo(f"{len(gone)} dead letter(s) discarded")
+    missing = [str(event_id) for event_id in ids if event_id not in gone]
+    if missing:
+        typer.secho(f"no dead letter with id {', '.join(missing)}", err=True, fg="red")
+        raise typer.Exit(2)
+
+
+def aggregate_types_on_kafka() -> list[str]:
+    """The aggregate types of the outbox topics (``outbox.event.<type>``) on the broker,
+    sorted (``outbox db register-types --from-kafka``)."""
+    from kafka import KafkaConsumer
+
+    from outbox.core.contract import TOPIC_PREFIX
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap_servers().split(","),
+        client_id="outbox-register-types",
+        metrics_enabled=False,  # its per-topic names collide for a.b and a_b
+    )
+    try:
+        topics = consumer.topics()
+    finally:
+        consumer.close()
+    return sorted(t[len(TOPIC_PREFIX) :] for t in topics if t.startswith(TOPIC_PREFIX))

@@ -12,28 +12,38 @@ __all__ = ["ConnectorSettings"]
 
 
 class ConnectorSettings(BaseSettings):
-    """Where Kafka Connect is, and how the connector reaches PostgreSQL.
-
-    ``OUTBOX_CONNECT_URL``: Connect's REST API. ``OUTBOX_CONNECT_NAME``: the connector's name.
-    ``OUTBOX_CONNECT_DATABASE_*``: host, port, database, user and password the connector
-    uses; the user should be the CDC role (``outbox db cdc-role``), never a superuser.
-    ``OUTBOX_CONNECT_SLOT_NAME``: the replication slot. ``OUTBOX_CONNECT_TOPIC_PREFIX``:
-    Debezium's logical server name (it names the heartbeat topic).
+    """Where Kafka Connect is, and how the connector reaches PostgreSQL
+    (``OUTBOX_CONNECT_*``): they fill the ``{{name}}`` placeholders of
+    ``outbox-connector.json``. The user should be the CDC role (``outbox db cdc-role``),
+    never a superuser. Each field's docstring is its meaning in docs/settings.md.
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_CONNECT_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_CONNECT_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     url: str = "http://127.0.0.1:58083"
+    """Kafka Connect's REST API."""
     name: str = Field(default="outbox-connector", pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    """The connector's name."""
     database_host: str = "127.0.0.1"
+    """Where the connector (in Connect's worker) finds PostgreSQL."""
     database_port: int = Field(default=54329, ge=1, le=65535)
+    """PostgreSQL's port, as the connector reaches it."""
     database_name: str = "outbox"
+    """The database of the outbox."""
     database_user: str = "outbox_cdc"
-    # Read by the Connect worker from its environment, never sent through the REST API.
+    """The CDC role (`outbox db cdc-role` creates it)."""
     database_password: SecretStr = SecretStr("")
+    """The CDC role's password: read by the Connect worker from its environment
+    (`${env:OUTBOX_CONNECT_DATABASE_PASSWORD}`), never sent through the REST API; also what
+    `outbox db cdc-role` sets."""
     slot_name: str = "outbox_slot"
+    """The replication slot."""
     topic_prefix: str = Field(default=DEFAULT_CDC_TOPIC_PREFIX, pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    """Debezium's logical server name: it names the heartbeat topic."""
     heartbeat_interval_ms: int = Field(default=10_000, ge=100, le=3_600_000)
+    """Heartbeat period: keeps the slot moving while the outbox is idle."""
 
     @field_validator("database_name", "database_user", "slot_name")
     @classmethod

@@ -3,10 +3,13 @@
 The provider's API is not ours and does not deduplicate
 (``examples/outbox_examples/payment_provider.py``). Each charge is a step of the side-effect ledger
 (``outbox.effects``): committed as started before the HTTP call, done with the provider's charge id
-after. A redelivered event skips a done charge; a charge cut short by a crash is looked up at the
-provider by its idempotency key (``--no-lookup``: parked for ``outbox effects list`` instead). The
-charge id is stored in the service's own table, in the inbox transaction. Run it beside the order
-service::
+after. A redelivered event skips a done charge; a charge cut short by a crash or a timeout is looked
+up at the provider by its idempotency key (``--no-lookup``: parked for ``outbox effects list``
+instead). The provider may still make a charge after our client gave up on it (5 s): its "not
+found" is believed only once the charge has *settled* (``--settle-seconds``, 30 s by default: the
+longest the provider may take to make and show a charge); a charge retried sooner waits, so a slow
+charge is never made twice. The charge id is stored in the service's own table, in the inbox
+transaction. Run it beside the order service::
 
     export OUTBOX_DATABASE_URL=postgresql+psycopg://...      # or: eval "$(outbox stack env)"
     export OUTBOX_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:59092
@@ -17,13 +20,11 @@ service::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
+from datetime import timedelta
 from types import FrameType
 from typing import Any
 
@@ -31,13 +32,10 @@ from sqlalchemy import Engine, MetaData, String, create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from outbox.consumer import IdempotentConsumer, ReceivedEvent
-from outbox.effects import (
-    EffectNotPerformedError,
-    EffectOutcome,
-    Effects,
-    EffectStep,
-    LookupAnswer,
-)
+from outbox.effects import EffectOutcome, Effects
+from outbox_examples.payment_client import ProviderClient
+
+__all__ = ["Charge", "ProviderClient", "consumer", "create_schema", "handler", "main"]
 
 SCHEMA = "billing"
 EFFECT = "charge"
@@ -61,49 +59,6 @@ def create_schema(engine: Engine) -> None:
         Base.metadata.create_all(connection)
 
 
-class ProviderClient:
-    """The provider's API, as the ledger's ``call`` and ``lookup`` (stdlib HTTP, 5 s timeout)."""
-
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--provider {url!r}: give an http:// or https:// URL")
-        self.url = url.rstrip("/")  # only http(s): the urlopen calls below are safe (S310)
-        self.timeout = timeout
-
-    def charge(self, step: EffectStep) -> str:
-        """POST the charge with the step's idempotency key; the provider's charge id."""
-        request = urllib.request.Request(  # noqa: S310
-            f"{self.url}/charges",
-            data=json.dumps(step.context).encode(),
-            headers={"Idempotency-Key": str(step.idempotency_key)},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:  # noqa: S310
-                return str(json.load(answer)["id"])
-        except urllib.error.HTTPError as error:
-            if 400 <= error.code < 500:  # refused: certainly no charge was made
-                raise EffectNotPerformedError(f"the provider refused: {error.code}") from error
-            raise  # 5xx: it may or may not have charged; the ledger keeps the step started
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, ConnectionRefusedError):  # never reached the provider
-                raise EffectNotPerformedError("the provider refused the connection") from error
-            raise  # a timeout: the request may have arrived
-
-    def find(self, step: EffectStep) -> LookupAnswer:
-        """Ask the provider whether a charge with the step's key exists."""
-        query = f"{self.url}/charges?idempotency_key={step.idempotency_key}"
-        try:
-            with urllib.request.urlopen(query, timeout=self.timeout) as answer:  # noqa: S310
-                return LookupAnswer.happened(str(json.load(answer)["id"]))
-        except urllib.error.HTTPError as error:
-            if error.code == 404:
-                return LookupAnswer.not_happened()
-            return LookupAnswer.unknown(f"the provider answered {error.code}")
-        except OSError as error:
-            return LookupAnswer.unknown(f"the provider is unreachable: {type(error).__name__}")
-
-
 def handler(
     ledger: Effects, client: ProviderClient, *, lookup: bool = True
 ) -> Callable[[Session, ReceivedEvent], None]:
@@ -118,6 +73,7 @@ def handler(
             client.charge,
             lookup=client.find if lookup else None,
             context={"order_id": event.aggregate_id, "amount": event.payload.get("total")},
+            settle_after=client.settle_after,  # "not found" sooner than this proves nothing
         )
         if outcome.done and outcome.reference is not None:
             session.merge(
@@ -129,6 +85,8 @@ def handler(
             )
         # Parked (outcome.needs_decision): nothing to store yet; the partition moves on and
         # an operator decides (`outbox effects list`, then `mark-done` or `release`).
+        # A charge that timed out makes the retry wait for it to settle (at most the
+        # ledger's max_wait, 30 s), then the provider is asked again.
 
     return apply
 
@@ -145,7 +103,7 @@ def consumer(
     client: ProviderClient | None = None,
 ) -> tuple[IdempotentConsumer[Session], Effects]:
     """The billing consumer (inbox name ``billing``) and its ledger (its own transactions)."""
-    ledger = Effects(consumer="billing", begin=engine.begin)
+    ledger = Effects(consumer="billing", begin=engine.begin, max_wait=timedelta(seconds=30))
     client = client if client is not None else ProviderClient(provider_url)
     service = IdempotentConsumer(
         name="billing",
@@ -177,16 +135,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--provider", default="http://127.0.0.1:8099")
     parser.add_argument("--no-lookup", action="store_true", help="park cut-short charges")
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=30.0,
+        help="the longest the provider may take to make and show a charge (the settle time)",
+    )
     arguments = parser.parse_args()
     engine = create_engine(os.environ["OUTBOX_DATABASE_URL"])
     create_schema(engine)
     bootstrap = os.environ.get("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:59092")
-    client = ProviderClient(arguments.provider)
+    client = ProviderClient(
+        arguments.provider, settle_after=timedelta(seconds=arguments.settle_seconds)
+    )
     service, ledger = consumer(
         engine, bootstrap, arguments.provider, lookup=not arguments.no_lookup, client=client
     )
     # Charges an operator released (`outbox effects release`) are made again at start-up.
-    record_released(engine, ledger.perform_released(EFFECT, client.charge, lookup=client.find))
+    released = ledger.perform_released(
+        EFFECT, client.charge, lookup=client.find, settle_after=client.settle_after
+    )
+    record_released(engine, released)
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:

@@ -5,6 +5,11 @@ twice charges twice. It counts requests per ``Idempotency-Key`` header, so tests
 each effect reached it at most once. ``GET /charges?idempotency_key=K`` answers whether a
 charge with that key exists (200 with its id, or 404): the question a lookup asks.
 
+``record_delay`` (``--record-delay``) makes it slow: a charge is recorded (counted, and found
+by ``GET``) only that many seconds after its request arrived, and answered then. A client that
+gives up sooner sees a timeout, and a lookup in between sees "not found": the request still
+lands, as it does at a real provider whose processing outlives your client's timeout.
+
     python -m outbox_examples.payment_provider --port 8099      # Ctrl-C to stop
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,8 +30,12 @@ __all__ = ["PaymentProvider"]
 class PaymentProvider:
     """The service, run in a thread of the caller's process until :meth:`stop`."""
 
-    def __init__(self, port: int = 0) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, port: int = 0, *, record_delay: float = 0.0) -> None:
+        if not 0 <= record_delay <= 600:
+            raise ValueError(f"record_delay={record_delay} must be between 0 and 600 seconds")
+        self.record_delay = record_delay
+        self._lock = threading.Condition()
+        self._in_flight = 0  # POST /charges received and not recorded yet
         self.requests: Counter[str] = Counter()  # POST /charges per idempotency key
         self._charges: dict[str, str] = {}  # key -> charge id (the first one made with it)
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
@@ -53,6 +63,24 @@ class PaymentProvider:
             self._charges.setdefault(key, charge_id)
             return charge_id
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every charge request received so far is recorded; False at the timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._in_flight == 0, timeout=timeout)
+
+    def _slow_charge(self, key: str, body: Any) -> str:
+        """Record the charge after ``record_delay`` (whether or not the client still waits)."""
+        with self._lock:
+            self._in_flight += 1
+        try:
+            if self.record_delay:
+                time.sleep(self.record_delay)  # the provider's own slowness, not a test's wait
+            return self.charge(key, body)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._lock.notify_all()
+
     def find(self, key: str) -> str | None:
         with self._lock:
             return self._charges.get(key)
@@ -76,7 +104,7 @@ class PaymentProvider:
                 if urlsplit(self.path).path != "/charges" or not key:
                     self._answer(400, {"error": "POST /charges with an Idempotency-Key header"})
                     return
-                self._answer(201, {"id": provider.charge(key, body)})
+                self._answer(201, {"id": provider._slow_charge(key, body)})
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
@@ -92,11 +120,14 @@ class PaymentProvider:
 
             def _answer(self, status: int, body: object) -> None:
                 data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    return  # the client gave up waiting; what was done is done
 
             def log_message(self, format: str, *args: Any) -> None:
                 return  # quiet: the tests count requests instead
@@ -107,7 +138,11 @@ class PaymentProvider:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8099)
-    provider = PaymentProvider(parser.parse_args().port).start()
+    parser.add_argument(
+        "--record-delay", type=float, default=0.0, help="seconds before a charge is recorded"
+    )
+    arguments = parser.parse_args()
+    provider = PaymentProvider(arguments.port, record_delay=arguments.record_delay).start()
     print(f"payment provider on {provider.url} (Ctrl-C to stop)")
     try:
         threading.Event().wait()

@@ -50,7 +50,7 @@ def create_schema(engine: Engine) -> None:
         Base.metadata.create_all(connection)
 
 
-def apply(session: Session, event: ReceivedEvent) -> None:
+def apply(session: Session, event: ReceivedEvent) -> None:  # not idempotent: need not be
     """The side effects of one event. Not idempotent on purpose: the inbox makes it so."""
     if event.event_type == "OrderPaid":
         session.add(
@@ -77,13 +77,13 @@ def consumer(
 ) -> IdempotentConsumer[Session]:
     """The service's consumer: inbox name ``shipping``, one transaction per event."""
     return IdempotentConsumer(
-        name="shipping",
-        group_id=group_id,
-        topics=["outbox.event.order"],
-        bootstrap_servers=bootstrap_servers,
-        begin=sessionmaker(engine).begin,
+        name="shipping",  # the inbox's consumer name: stable, one per service
+        group_id=group_id,  # the Kafka consumer group ("shipping")
+        topics=["outbox.event.order"],  # or pattern=r"^outbox\.event\..*"
+        bootstrap_servers=bootstrap_servers,  # "kafka:9092", or "host1:9092,host2:9092"
+        begin=sessionmaker(engine).begin,  # one transaction per event (engine.begin: a Connection)
         handler=apply,
-        consumer_options=consumer_options,
+        consumer_options=consumer_options,  # more kafka-python KafkaConsumer options
     )
 
 
@@ -104,7 +104,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, request_stop)
     bootstrap = os.environ.get("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:59092")
     service = consumer(engine, bootstrap)
-    service.run(stop)
+    service.run(stop)  # until stop (a threading.Event) is set
     print(f"{service.stats}; shipments in the database: {shipments(engine)}")
     engine.dispose()
 

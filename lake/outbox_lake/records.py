@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from outbox.core.contract import ContractViolation, event_id_of, parse_record
+from outbox.core.text import MAX_REASON_CHARS, storable_text
 from outbox_lake.offsets import fingerprint
 from outbox_lake.typed_rows import payload_columns
 
@@ -124,7 +125,12 @@ def parse_one(
         reason = str(violation)
     except Exception as error:  # a record must never stop the stream
         reason = f"{type(error).__name__}: {error}"
-    return {**row, "kind": "quarantine", "reason": reason, "event_id": _event_id_or_none(headers)}
+    return {
+        **row,
+        "kind": "quarantine",
+        "reason": storable_text(reason, max_chars=MAX_REASON_CHARS),  # Arrow's strings: UTF-8
+        "event_id": _event_id_or_none(headers),
+    }
 
 
 def _event_id_or_none(headers: Sequence[tuple[str, bytes | None]]) -> str | None:
@@ -267,7 +273,10 @@ def _arrow_safe(row: dict[str, Any], schema: Any) -> dict[str, Any]:
         return {
             **kept,
             "kind": "quarantine",
-            "reason": f"the record cannot be stored: {type(error).__name__}: {error}",
+            "reason": storable_text(
+                f"the record cannot be stored: {type(error).__name__}: {error}",
+                max_chars=MAX_REASON_CHARS,
+            ),
             "quarantine_id": record_quarantine_id(
                 row["topic"], row["partition"], row["offset"], row["raw_key"], row["raw_value"]
             ),

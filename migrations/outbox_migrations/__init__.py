@@ -2,10 +2,12 @@
 
 They keep their own version table (``outbox_alembic_version`` in the outbox schema), so they
 live beside an application's own Alembic history without touching it. Run them with the CLI
-(``outbox db upgrade``) or from code, for example at the end of your own ``env.py``::
+(``outbox db upgrade``) or from code, for example at the end of your own ``env.py``, on
+``alembic upgrade`` only (examples/alembic_app/env.py)::
 
     import outbox_migrations
-    outbox_migrations.upgrade(connection)        # a SQLAlchemy Connection; you commit
+    if outbox_migrations.is_alembic_upgrade(context):
+        outbox_migrations.upgrade(connection)    # a SQLAlchemy Connection; you commit
 
 They run on the connection they are given, inside its transaction, without an Alembic
 environment of their own, so calling them from inside another ``env.py`` is safe. Schema and
@@ -14,7 +16,9 @@ names come from :class:`outbox.OutboxSettings` (``OUTBOX_*`` variables).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,8 @@ __all__ = [
     "grant_consumer",
     "grant_publisher",
     "grant_relay",
+    "is_alembic_upgrade",
+    "register_types",
     "upgrade",
 ]
 
@@ -57,6 +63,17 @@ def upgrade(
 
     connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {settings.tables.quoted_schema}"))
     _run(connection, settings, script, steps)
+
+
+def is_alembic_upgrade(context: Any) -> bool:
+    """Whether the Alembic command running your ``env.py`` is an online upgrade
+    (``alembic upgrade``, ``alembic.command.upgrade``): ``context`` is the ``alembic.context``
+    your ``env.py`` configured. The outbox's migrations should follow yours then, and only
+    then: ``current``, ``check``, ``history``, ``stamp`` and ``downgrade`` run ``env.py``
+    too, and ``--sql`` renders a script without a connection to migrate."""
+    migration = context.get_context()
+    command = getattr(migration.opts.get("fn"), "__name__", None)  # as alembic.command names it
+    return command == "upgrade" and not migration.as_sql
 
 
 def downgrade(
@@ -83,10 +100,12 @@ def grant_publisher(
 ) -> None:
     """Grant ``role`` what publishing needs, and nothing more.
 
-    It may insert events (not read or change them), draw positions, and use dedup keys.
+    It may insert events (not read or change them), draw positions, and use dedup keys:
+    write a key and its event id, never its owner or time (the server's: outbox_0007).
     """
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
+    dedup = tables.qualified_dedup
     _execute(
         connection,
         f"GRANT USAGE ON SCHEMA {tables.quoted_schema} TO {grantee}",
@@ -94,7 +113,11 @@ def grant_publisher(
         # Only the event id can be read back: publishes with dedup keys return inserted ids.
         f"GRANT SELECT (id) ON {tables.qualified_outbox} TO {grantee}",
         f"GRANT USAGE ON SEQUENCE {tables.qualified_position_sequence} TO {grantee}",
-        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables.qualified_dedup} TO {grantee}",
+        # Whole-row INSERT and UPDATE, as granted before outbox_0007, go (with the columns').
+        f"REVOKE INSERT, UPDATE ON {dedup} FROM {grantee}",
+        f"GRANT SELECT, DELETE ON {dedup} TO {grantee}",
+        f"GRANT INSERT (dedup_key, event_id), UPDATE (event_id, created_at) ON {dedup} "
+        f"TO {grantee}",
     )
 
 
@@ -242,6 +265,61 @@ def grant_relay(
         f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_offset} TO {grantee}",
         f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_lease} TO {grantee}",
     )
+
+
+@dataclass
+class Registration:
+    """What :func:`register_types` did with each aggregate type it was given."""
+
+    registered: list[str] = field(default_factory=list)
+    known: list[str] = field(default_factory=list)
+    collisions: list[tuple[str, str]] = field(default_factory=list)
+    """(type, the registered type it collides with): its topic collides on Kafka."""
+    invalid: list[str] = field(default_factory=list)
+
+
+_AGGREGATE_TYPE = re.compile(r"[A-Za-z0-9._-]{1,200}", re.ASCII)  # the SDK's rule
+
+
+def register_types(
+    connection: Connection,
+    aggregate_types: Iterable[str],
+    *,
+    settings: OutboxSettings | None = None,
+) -> Registration:
+    """Register aggregate types in the topic registry (as the owner of the tables), in the
+    order given: types already delivered that the database has no trace of (migration
+    outbox_0007), so that a colliding twin is refused when it is first published."""
+    tables = (settings if settings is not None else OutboxSettings()).tables
+    registry = tables.qualified_topic_registry
+    done = Registration()
+    for aggregate_type in aggregate_types:
+        if not _AGGREGATE_TYPE.fullmatch(aggregate_type):
+            done.invalid.append(aggregate_type)
+            continue
+        params = {"type": aggregate_type}
+        if connection.execute(
+            text(
+                f"INSERT INTO {registry} (aggregatetype, collision_key) "
+                "VALUES (:type, translate(:type, '.', '_')) ON CONFLICT DO NOTHING "
+                "RETURNING aggregatetype"
+            ),
+            params,
+        ).first():
+            done.registered.append(aggregate_type)
+            continue
+        holder = connection.execute(
+            text(
+                f"SELECT aggregatetype FROM {registry} "
+                "WHERE collision_key = translate(:type, '.', '_')"
+            ),
+            params,
+        ).scalar_one()
+        if holder == aggregate_type:
+            done.known.append(aggregate_type)
+        else:
+            done.collisions.append((aggregate_type, holder))
+    return done
 
 
 def _execute(connection: Connection, *statements: str) -> None:

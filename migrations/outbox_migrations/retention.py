@@ -6,11 +6,15 @@ Run it on a schedule (``outbox db expire``, e.g. hourly) as the owner of the out
   deduplicates anything;
 - inbox claims older than ``OUTBOX_INBOX_RETENTION`` (7 days): keep it longer than any
   redelivery can take (a record redelivered after its claim is gone is applied again);
-- relay dead letters and consumers' dead letters older than ``dead_letters`` (30 days by
-  default): look at them before (``outbox relay dead-letters list``): once expired they
-  are gone;
-- side-effect steps *done* longer ago than ``OUTBOX_INBOX_RETENTION`` (the window in which a
-  redelivery must still find them done); started and parked steps are never deleted;
+- consumers' dead letters older than ``OUTBOX_DEAD_LETTER_RETENTION`` (30 days by default;
+  ``dead_letters`` overrides it): look at them before, once expired they are gone. **Not the
+  relay's dead letters**: those are committed events that were never published, kept until
+  replayed (``outbox relay dead-letters retry``) or discarded by id (``outbox relay
+  dead-letters discard ID... --yes``);
+- side-effect steps *done* longer ago than the longer of ``OUTBOX_INBOX_RETENTION`` and the
+  dead letters' retention (a redelivery, or a dead letter's replay, must still find them
+  done), and never one whose event still has a consumer dead letter; started and parked
+  steps are never deleted;
 - heartbeat rows older than an hour (the connector's heartbeat query deletes them as well;
   this covers a connector that was removed).
 
@@ -28,11 +32,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from outbox.core.effect_statements import EffectStatements
-from outbox.settings import OutboxSettings
+from outbox.settings import OutboxSettings, effect_retention
 
-__all__ = ["DEFAULT_DEAD_LETTER_RETENTION", "HEARTBEAT_RETENTION", "expire"]
+__all__ = ["HEARTBEAT_RETENTION", "expire"]
 
-DEFAULT_DEAD_LETTER_RETENTION = timedelta(days=30)
 HEARTBEAT_RETENTION = timedelta(hours=1)
 
 
@@ -40,15 +43,20 @@ def expire(
     connection: Connection,
     *,
     settings: OutboxSettings | None = None,
-    dead_letters: timedelta = DEFAULT_DEAD_LETTER_RETENTION,
+    dead_letters: timedelta | None = None,
 ) -> dict[str, int]:
-    """Delete expired rows; returns how many per table (the caller commits)."""
+    """Delete expired rows; returns how many per table (the caller commits).
+
+    ``dead_letters`` overrides ``OUTBOX_DEAD_LETTER_RETENTION``; done ledger steps are then
+    kept at least that long too.
+    """
     settings = settings if settings is not None else OutboxSettings()
     tables = settings.tables
+    if dead_letters is None:
+        dead_letters = settings.dead_letter_retention
     plan = (
         (tables.dedup, tables.qualified_dedup, "created_at", settings.dedup_window),
         (tables.inbox, tables.qualified_inbox, "received_at", settings.inbox_retention),
-        (tables.dead_letter, tables.qualified_dead_letter, "failed_at", dead_letters),
         (tables.inbox_dead_letter, tables.qualified_inbox_dead_letter, "failed_at", dead_letters),
         (tables.heartbeat, tables.qualified_heartbeat, "beat", HEARTBEAT_RETENTION),
     )
@@ -65,7 +73,11 @@ def expire(
     # The side-effect ledger's done steps: its own statement (the one `delete_expired()` runs).
     result = connection.exec_driver_sql(
         EffectStatements(tables).delete_expired_done,
-        {"window_seconds": settings.inbox_retention.total_seconds()},
+        {
+            "window_seconds": effect_retention(
+                settings.inbox_retention, dead_letters
+            ).total_seconds()
+        },
     )
     deleted[tables.effect] = int(result.rowcount)
     return deleted

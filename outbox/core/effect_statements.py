@@ -2,6 +2,10 @@
 
 Every statement names one step by its key ``(consumer, event_id, effect)``; the operator's
 decisions apply only to a step in ``needs_decision`` and return nothing otherwise.
+
+While a step is ``started``, its ``updated_at`` is when its current attempt began: it is set
+(``clock_timestamp()``) by the insert and by ``restart_step``, and every other statement
+that changes a started step moves it out of ``started``. The settle time is measured from it.
 """
 
 from __future__ import annotations
@@ -46,9 +50,11 @@ class EffectStatements:
 
     @cached_property
     def lock_step(self) -> str:
-        """The step, locked until the transaction ends (waits for a call in progress)."""
+        """The step, locked until the transaction ends (waits for a call in progress), with
+        when its current attempt began and the database's time now (for the settle time)."""
         return (
-            f"SELECT state, attempt, reference, reason, context FROM {self._table}\n"
+            f"SELECT state, attempt, reference, reason, context, updated_at, clock_timestamp()\n"
+            f"FROM {self._table}\n"
             f"WHERE {_STEP}\n"
             f"FOR UPDATE"
         )
@@ -143,9 +149,15 @@ class EffectStatements:
 
     @cached_property
     def delete_expired_done(self) -> str:
-        """Done steps older than the window; started and parked steps are never deleted."""
+        """Done steps older than the window; started and parked steps are never deleted, nor
+        a done step whose event has a consumer dead letter still kept (its replay, however
+        late, must find the step done rather than call again)."""
         return (
-            f"DELETE FROM {self._table}\n"
-            f"WHERE state = 'done'\n"
-            f"  AND updated_at < clock_timestamp() - make_interval(secs => %(window_seconds)s)"
+            f"DELETE FROM {self._table} AS step\n"
+            f"WHERE step.state = 'done'\n"
+            f"  AND step.updated_at\n"
+            f"      < clock_timestamp() - make_interval(secs => %(window_seconds)s)\n"
+            f"  AND NOT EXISTS (\n"
+            f"    SELECT 1 FROM {self.tables.qualified_inbox_dead_letter} AS letter\n"
+            f"    WHERE letter.event_id = step.event_id)"
         )

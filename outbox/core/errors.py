@@ -19,6 +19,10 @@ Tree (domain, then condition)::
     ├── ContractViolation (ValueError)           a record on Kafka that breaks the contract
     ├── DataLossError (RuntimeError)             records the lake had not read are gone
     ├── DeliveryTimeoutError (TimeoutError)      events did not arrive within a deadline
+    ├── BrokerError                              Kafka refused what a reader asked
+    │   ├── BrokerUnavailable                      Kafka did not answer
+    │   ├── RecordsGoneError                       records deleted under a reader
+    │   └── ShortReadError                         a partition not read to the end it was given
     ├── ConnectError                             Kafka Connect refused or did not answer
     ├── StackError                               a local service would not install/start/stop
     └── EffectError                              the side-effect ledger
@@ -32,6 +36,8 @@ Standard library only: the packages that raise these re-export them where they a
 from __future__ import annotations
 
 __all__ = [
+    "BrokerError",
+    "BrokerUnavailable",
     "ConfigurationError",
     "ConnectError",
     "ContractViolation",
@@ -48,6 +54,8 @@ __all__ = [
     "OutboxError",
     "PayloadTooLargeError",
     "PayloadTypeError",
+    "RecordsGoneError",
+    "ShortReadError",
     "StackError",
     "TransactionRequiredError",
     "UnsupportedTransactionError",
@@ -151,6 +159,43 @@ class DataLossError(OutboxError, RuntimeError):
 class DeliveryTimeoutError(OutboxError, TimeoutError):
     """Events did not arrive where they were awaited within the deadline; the message names
     what arrived, what did not, and the command that shows why."""
+
+
+class BrokerError(OutboxError):
+    """Kafka refused what one of our readers asked (not authorized, an unknown topic...), or
+    sent something it cannot use; the message names the servers and Kafka's reason."""
+
+
+class BrokerUnavailable(BrokerError):
+    """Kafka did not answer one of our readers: no broker reachable, a request timed out."""
+
+
+class RecordsGoneError(BrokerError):
+    """The records at a reader's position were deleted (retention, a recreated topic) and
+    the reader was not to skip them: ``topic``, ``partition`` and ``offset`` say where."""
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class ShortReadError(BrokerError):
+    """A reader could not read a partition up to the end it was given: the broker stopped
+    answering for it, or its records were deleted under the reader. Nothing read is reported
+    as complete; ``topic``, ``partition``, ``start``, ``reached`` (the next offset the reader
+    would have read) and ``end`` say where it stopped."""
+
+    def __init__(
+        self, message: str, *, topic: str, partition: int, start: int, reached: int, end: int
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.reached = reached
+        self.end = end
 
 
 class ConnectError(OutboxError):

@@ -39,6 +39,8 @@ class Event:
     partition: events of one aggregate keep their order), ``event_type`` travels as a header,
     ``payload`` is the record value. ``headers`` are extra string headers; ``traceparent`` is a
     W3C trace context. ``dedup_key`` makes a publish idempotent within the dedup window.
+    ``event_id`` must be a UUIDv7 (the default draws one): consumers deduplicate on it and the
+    lake dates the event by its time.
     """
 
     aggregate_type: str
@@ -68,7 +70,22 @@ def validate_event(event: Event) -> None:
     if event.dedup_key is not None:
         _check_text_field("dedup_key", event.dedup_key, MAX_DEDUP_KEY_LENGTH)
     if not isinstance(event.event_id, uuid.UUID):
-        raise EventError(f"event_id must be a uuid.UUID, got {type(event.event_id).__name__}")
+        raise EventError(
+            f"event_id must be a uuid.UUID (version 7), got {type(event.event_id).__name__}: "
+            "leave it out (a new one is drawn) or pass outbox.new_event_id()"
+        )
+    if event.event_id.version != 7 or event.event_id.variant != uuid.RFC_4122:
+        kind = (
+            f"version {event.event_id.version}"
+            if event.event_id.variant == uuid.RFC_4122
+            else "not an RFC 9562 variant"
+        )
+        raise EventError(
+            f"event_id={event.event_id} is not a UUIDv7 ({kind}): "
+            "the lake dates each event by the time in its id, so an id of another version "
+            "would land on 1970-01-01. Leave event_id out (a new one is drawn) or pass "
+            "outbox.new_event_id()"
+        )
     if event.traceparent is not None and (
         not isinstance(event.traceparent, str) or not _TRACEPARENT.fullmatch(event.traceparent)
     ):

@@ -26,6 +26,7 @@ from outbox.core.statements import (
     Statement,
     encode_batch,
 )
+from outbox.core.text import MAX_REASON_CHARS, is_storable, storable_text
 
 __all__ = [
     "Rows",
@@ -210,14 +211,27 @@ def claim_message(
     statements: OutboxStatements, message_id: str | uuid.UUID, consumer: str
 ) -> Generator[Statement, Rows, bool]:
     """Record ``(consumer, message_id)``; True when it was new, False for a duplicate."""
-    if not isinstance(consumer, str) or not consumer or len(consumer) > 255:
-        raise EventError(f"consumer={consumer!r} must be a non-empty str of at most 255 characters")
+    if (
+        not isinstance(consumer, str)
+        or not consumer
+        or len(consumer) > 255
+        or not is_storable(consumer)
+    ):
+        raise EventError(
+            f"consumer={consumer!r} must be a non-empty str of at most 255 characters, "
+            "without NUL or lone surrogates"
+        )
     if isinstance(message_id, uuid.UUID):
         message_id = str(message_id)
-    if not isinstance(message_id, str) or not message_id or len(message_id) > 1024:
+    if (
+        not isinstance(message_id, str)
+        or not message_id
+        or len(message_id) > 1024
+        or not is_storable(message_id)
+    ):
         raise EventError(
             f"message_id={message_id!r} must be a UUID or a non-empty str of at most 1024 "
-            "characters"
+            "characters, without NUL or lone surrogates"
         )
     rows = yield Statement(
         statements.claim_message, {"consumer": consumer, "message_id": message_id}, Result.ROWS
@@ -239,11 +253,17 @@ def dead_letter_message(
     reason: str,
     attempts: int,
 ) -> Generator[Statement, Rows, None]:
-    """Keep a record a consumer could not handle, with the reason, for ops to look at."""
-    # Whatever the record holds: PostgreSQL text and jsonb refuse NUL, so it is replaced.
+    """Keep a record a consumer could not handle, with the reason, for ops to look at.
+
+    Whatever the record and the reason hold, what is written is storable
+    (:func:`~outbox.core.text.storable_text`): a handler's error quoting a payload's lone
+    surrogate must not make the dead letter itself fail, again after every restart."""
     header_text = json.dumps(
         [
-            [_no_nul(name), None if data is None else _no_nul(data.decode("utf-8", "replace"))]
+            [
+                storable_text(name),
+                None if data is None else storable_text(data.decode("utf-8", "replace")),
+            ]
             for name, data in headers
         ]
     )
@@ -251,22 +271,18 @@ def dead_letter_message(
         statements.dead_letter_message,
         {
             "consumer": consumer,
-            "topic": topic,
+            "topic": storable_text(topic),
             "partition": partition,
             "offset": offset,
             "event_id": event_id,
             "key": key,
             "value": value,
             "headers": header_text,
-            "reason": _no_nul(reason[:4000]),
+            "reason": storable_text(reason, max_chars=MAX_REASON_CHARS),
             "attempts": attempts,
         },
         Result.ROWCOUNT,
     )
-
-
-def _no_nul(text: str) -> str:
-    return text.replace("\x00", "\ufffd")
 
 
 def delete_expired(sql: str, window: timedelta) -> Generator[Statement, Rows, int]:

@@ -176,6 +176,8 @@ class OutboxStatements:
         A key is live while its row is younger than the window. An expired key is taken over
         by the new event. Two transactions with one key: the second waits on the key's unique
         index until the first ends, then sees the conflict, so exactly one event is written.
+        The key's owner and time are the server's (defaults, and a trigger since outbox_0007):
+        the statement names neither.
         """
         dedup = self.tables.qualified_dedup
         return (
@@ -184,7 +186,7 @@ class OutboxStatements:
             f"    INSERT INTO {dedup} AS d (dedup_key, event_id)\n"
             f"    SELECT dedup_key, id FROM batch WHERE dedup_key IS NOT NULL\n"
             f"    ON CONFLICT (dedup_key) DO UPDATE\n"
-            f"        SET event_id = EXCLUDED.event_id, created_at = clock_timestamp()\n"
+            f"        SET event_id = EXCLUDED.event_id, created_at = DEFAULT\n"
             f"        WHERE d.created_at < clock_timestamp()"
             f" - make_interval(secs => %(dedup_window_seconds)s)\n"
             f"    RETURNING d.event_id\n"

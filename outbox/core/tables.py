@@ -35,6 +35,7 @@ class OutboxTables:
             self.relay_lease,
             self.topic_registry,
             self.topic_check_function,
+            self.dedup_stamp_function,
             self.inbox_consumer,
         ):
             validate_identifier(derived, field=f"outbox table (name {derived!r} derived from it)")
@@ -54,6 +55,15 @@ class OutboxTables:
     @property
     def qualified_dedup(self) -> str:
         return qualified_name(self.schema, self.dedup, field="dedup table")
+
+    @property
+    def dedup_stamp_function(self) -> str:
+        """Sets a dedup key's owner and time from the server, never the client (outbox_0007)."""
+        return f"{self.dedup}_stamp"
+
+    @property
+    def qualified_dedup_stamp_function(self) -> str:
+        return qualified_name(self.schema, self.dedup_stamp_function, field="function")
 
     @property
     def heartbeat(self) -> str:

@@ -14,6 +14,7 @@ What each table holds:
 - ``kafka``: every copy of an event on the outbox topics in the window;
   ``kafka_ranges``: per partition, the offsets read ``[start, end)`` (a lake row outside it
   cannot be checked against Kafka); ``malformed``: records without a readable id;
+  ``undecodable``: records no reader can take at its word (a header name that is not UTF-8);
 - ``lake``: the lake's ``events`` rows in the window, each with the name of its typed table;
   ``lake_progress``: per partition, the offset the ``events`` table has taken in (the
   Delta application transaction the sink commits); ``typed``: the rows of typed tables;
@@ -28,7 +29,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from outbox_reconcile.records import KafkaCopy, Malformed
+from outbox.core.kafka_record import Undecodable
+from outbox_reconcile.records import TOPIC_PREFIX, KafkaCopy, Malformed
 
 __all__ = ["Evidence"]
 
@@ -42,6 +44,8 @@ CREATE TABLE kafka (event_id TEXT, aggregate_type TEXT, aggregate_id TEXT, posit
 CREATE TABLE kafka_ranges (topic TEXT, partition INTEGER, start INTEGER, "end" INTEGER,
     PRIMARY KEY (topic, partition));
 CREATE TABLE malformed (topic TEXT, partition INTEGER, "offset" INTEGER, reason TEXT);
+CREATE TABLE undecodable (aggregate_type TEXT, topic TEXT, partition INTEGER,
+    "offset" INTEGER, reason TEXT);
 CREATE TABLE lake (event_id TEXT, aggregate_type TEXT, aggregate_id TEXT, position INTEGER,
     topic TEXT, partition INTEGER, "offset" INTEGER, typed_table TEXT);
 CREATE TABLE lake_progress (topic TEXT, partition INTEGER, "end" INTEGER,
@@ -135,6 +139,16 @@ class Evidence:
                 bad.append((record.topic, record.partition, record.offset, record.reason))
         self._insert("malformed", 4, bad)
         return self._insert("kafka", 8, copies)
+
+    def add_undecodable(self, records: Iterable[Undecodable]) -> int:
+        return self._insert(
+            "undecodable",
+            5,
+            (
+                (r.topic.removeprefix(TOPIC_PREFIX), r.topic, r.partition, r.offset, r.reason)
+                for r in records
+            ),
+        )
 
     def set_kafka_range(self, topic: str, partition: int, start: int, end: int) -> None:
         self.db.execute(

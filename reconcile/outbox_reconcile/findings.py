@@ -42,6 +42,8 @@ FINDING_KINDS: dict[str, str] = {
     "position_mismatch": "lake row whose position differs from its record's on Kafka",
     "typed_row_missing": "event in events with neither a typed row nor a quarantine row",
     "quarantined": "records or typed rows the lake set aside, by reason",
+    "kafka_undecodable": "record on Kafka that no reader can take at its word (a header "
+    "name that is not UTF-8): consumers dead-letter it, the relay confirms nothing by it",
 }
 
 
@@ -165,6 +167,11 @@ _QUERIES: dict[str, tuple[str, tuple[str, ...]]] = {
         ORDER BY l.event_id""",
         ("event_id", "aggregate_id", "typed_table"),
     ),
+    "kafka_undecodable": (
+        """SELECT aggregate_type, topic, partition, "offset", reason FROM undecodable
+        ORDER BY topic, partition, "offset\"""",
+        ("topic", "partition", "offset", "reason"),
+    ),
 }
 
 _QUARANTINED = """SELECT aggregate_type, target_table, reason, count(*) FROM quarantine
@@ -182,6 +189,7 @@ _FIGURES: dict[str, str] = {
     "kafka_events": "SELECT count(*) FROM kafka_first",
     "kafka_duplicate_copies": "SELECT coalesce(sum(copies - 1), 0) FROM kafka_first",
     "kafka_malformed_records": "SELECT count(*) FROM malformed",
+    "kafka_undecodable_records": "SELECT count(*) FROM undecodable",
     "lake_rows": "SELECT count(*) FROM lake",
     "lake_events": "SELECT count(*) FROM lake_first",
     "lake_pending_ingest": """SELECT count(*) FROM kafka_first k

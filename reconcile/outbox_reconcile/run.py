@@ -69,8 +69,7 @@ def run_reconcile(
                 sources.lake.topic_pattern,
                 evidence,
                 window,
-                end_offsets=sources.lake.end_offsets,
-                idle_seconds=settings.idle_seconds,
+                stall_seconds=settings.stall_seconds,
                 advance=phases("Kafka records"),
             )
             lake = read_lake(sources.lake, evidence, window, kafka.ranges, phases("lake rows"))

@@ -6,13 +6,13 @@ partition is known from the UUIDv7 id (so each Delta read touches one day), and 
 version that made the row queryable is found by bisecting the table's versions (about
 log2(versions) reads of that one day). Without a lake row, the aggregate's partition is
 computed from its key as every Kafka producer does (murmur2); only ``--scan-kafka`` reads
-every outbox topic.
+every outbox topic. Each partition searched is read to its end as it was when trace started
+(:mod:`outbox.core.partition_end`), or trace fails naming it; a record met there that no
+reader can take at its word (a header name that is not UTF-8) is listed with its offsets.
 """
 
 from __future__ import annotations
 
-import re
-import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +22,9 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from outbox.core.kafka_record import KafkaRecord, undecodable
+from outbox.core.partition_end import Partition
+from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox_lake.names import typed_table_name
 from outbox_lake.query import arrow_dataset
 from outbox_lake.tables import EVENTS, QUARANTINE
@@ -32,7 +35,9 @@ from outbox_relay.database import libpq_conninfo
 
 __all__ = ["Lineage", "trace_event"]
 
-_IDLE_SECONDS = 1.5
+_ROLE = ReaderRole(client_id="outbox-trace", max_poll_records=5000)
+_STALL_SECONDS = 30.0
+"""A searched partition whose read does not move for this long: trace fails, naming it."""
 
 
 @dataclass
@@ -43,6 +48,8 @@ class Lineage:
     dead_letter: dict[str, Any] | None = None
     kafka: list[dict[str, Any]] = field(default_factory=list)
     kafka_searched: str = "not searched"
+    kafka_undecodable: list[dict[str, Any]] = field(default_factory=list)
+    """Records met in the searched partitions that no reader can take at its word."""
     lake: list[dict[str, Any]] = field(default_factory=list)
     typed: dict[str, Any] | None = None
     quarantine: list[dict[str, Any]] = field(default_factory=list)
@@ -68,6 +75,11 @@ class Lineage:
                 out.append(f"  kafka:       {copy}")
         else:
             out.append(f"  kafka:       no copy found ({self.kafka_searched})")
+        for record in self.kafka_undecodable:
+            out.append(
+                f"  kafka:       undecodable record {record['topic']}[{record['partition']}]"
+                f"@{record['offset']}: {record['reason']} (it may be this event)"
+            )
         for row in self.lake:
             out.append(f"  lake events: {row}")
         if not self.lake:
@@ -187,81 +199,77 @@ def _outbox(sources: Sources, lineage: Lineage) -> None:
 
 
 def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
-    from kafka import KafkaConsumer, TopicPartition
     from kafka.partitioner.default import murmur2
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=sources.bootstrap_servers.split(","),
-        isolation_level="read_committed",
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        client_id="outbox-trace",
-    )
+    reader = KafkaReader(sources.bootstrap_servers, _ROLE)
     try:
-        starts: dict[Any, int] = {}
+        starts: dict[Partition, int] = {}
         if lineage.lake:
             row = min(lineage.lake, key=lambda r: r["offset"])
-            starts[TopicPartition(row["topic"], row["partition"])] = row["offset"]
+            starts[(row["topic"], row["partition"])] = row["offset"]
             lineage.kafka_searched = (
                 f"{row['topic']}[{row['partition']}] from offset {row['offset']}"
             )
         elif known := (lineage.outbox or lineage.dead_letter):
             topic = TOPIC_PREFIX + known["aggregate_type"]
-            numbers = sorted(consumer.partitions_for_topic(topic) or ())
-            if numbers:
-                index = (murmur2(str(known["aggregate_id"]).encode()) & 0x7FFFFFFF) % len(numbers)
-                starts[TopicPartition(topic, numbers[index])] = 0
-                lineage.kafka_searched = f"{topic}[{numbers[index]}], the aggregate's partition"
+            partitions = reader.partitions([topic])
+            if partitions:
+                index = (murmur2(str(known["aggregate_id"]).encode()) & 0x7FFFFFFF) % len(
+                    partitions
+                )
+                starts[partitions[index]] = 0
+                number = partitions[index][1]
+                lineage.kafka_searched = f"{topic}[{number}], the aggregate's partition"
             else:
                 lineage.kafka_searched = f"topic {topic} does not exist"
         elif scan_kafka:
-            pattern = re.compile(sources.lake.topic_pattern)
-            for topic in sorted(t for t in consumer.topics() if pattern.search(t)):
-                for number in consumer.partitions_for_topic(topic) or ():
-                    starts[TopicPartition(topic, number)] = 0
+            partitions = reader.partitions(reader.topics(sources.lake.topic_pattern))
+            starts = dict.fromkeys(partitions, 0)
             lineage.kafka_searched = f"every outbox topic ({len(starts)} partitions)"
         else:
             lineage.kafka_searched = "partition unknown: use --scan-kafka to search every topic"
         if not starts:
             return
-        consumer.assign(list(starts))
-        for tp, offset in starts.items():
-            consumer.seek(tp, offset)
-        # To the end as it was when trace started: under load a partition is never quiet.
-        started_ms = int(time.time() * 1000)
-        ended: set[Any] = set()
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < _IDLE_SECONDS and len(ended) < len(starts):
-            batches = consumer.poll(timeout_ms=200, max_records=5000)
-            if batches:
-                quiet_since = time.monotonic()
-            for tp, records in batches.items():
-                for record in records:
-                    if record.timestamp > started_ms:
-                        ended.add(tp)
-                        consumer.pause(tp)
-                        break
-                    copy = copy_of(
-                        topic=tp.topic,
-                        partition=tp.partition,
-                        offset=record.offset,
-                        timestamp_ms=record.timestamp,
-                        key=record.key,
-                        headers=record.headers,
+        # Retention may have deleted the start: read from the oldest record still there.
+        beginnings = reader.beginnings(starts)
+        starts = {p: max(offset, beginnings[p]) for p, offset in starts.items()}
+
+        def take(records: list[KafkaRecord]) -> None:
+            for record in records:
+                unread = undecodable(record)
+                if unread is not None:
+                    lineage.kafka_undecodable.append(
+                        {
+                            "topic": record.topic,
+                            "partition": record.partition,
+                            "offset": record.offset,
+                            "reason": unread.reason,
+                        }
                     )
-                    if getattr(copy, "event_id", None) == lineage.event_id:
-                        lineage.kafka.append(
-                            {
-                                "topic": tp.topic,
-                                "partition": tp.partition,
-                                "offset": record.offset,
-                                "timestamp": datetime.fromtimestamp(record.timestamp / 1000, UTC),
-                                "position": getattr(copy, "position", None),
-                            }
-                        )
+                    continue
+                copy = copy_of(
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    timestamp_ms=record.timestamp_ms,
+                    key=record.key,
+                    headers=record.headers,
+                )
+                if getattr(copy, "event_id", None) == lineage.event_id:
+                    lineage.kafka.append(
+                        {
+                            "topic": record.topic,
+                            "partition": record.partition,
+                            "offset": record.offset,
+                            "timestamp": datetime.fromtimestamp(record.timestamp_ms / 1000, UTC),
+                            "position": getattr(copy, "position", None),
+                        }
+                    )
+
+        # To each partition's end as it was when trace started (under load, never quiet).
+        reader.read_to_end(starts, take, stall_seconds=_STALL_SECONDS)
     finally:
-        consumer.close()
+        reader.close()
 
 
 def _latency(lineage: Lineage) -> None:

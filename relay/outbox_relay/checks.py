@@ -9,11 +9,14 @@
   the relay publishes everything itself, (cleanup) the outbox grows for ever.
 
 The replication slot belongs to the connector's settings: ``outbox connect status``
-reports its state and ``max_slot_wal_keep_size``.
+reports its state and ``max_slot_wal_keep_size``; :func:`replication_slots` reads the same
+state for the relay's ``/metrics`` at each scrape (relay/outbox_relay/metrics.py), so the
+WAL a slot retains is watched live, not only by the nightly ``outbox reconcile``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -22,7 +25,49 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.tables import OutboxTables
 from outbox_relay.settings import RelayMode
 
-__all__ = ["check_database"]
+__all__ = ["SlotState", "check_database", "replication_slots"]
+
+# Every logical or physical slot of this database: what it retains (from its restart_lsn to
+# the current WAL position; on a standby, the last position received), whether a client
+# streams from it, and PostgreSQL's own verdict on its WAL (reserved, extended, unreserved,
+# lost). pg_replication_slots is readable by every role: the relay's needs no grant.
+_SLOTS = """
+SELECT slot_name,
+       active,
+       pg_catalog.pg_wal_lsn_diff(
+           CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_receive_lsn()
+                ELSE pg_catalog.pg_current_wal_lsn() END,
+           restart_lsn)::bigint,
+       wal_status
+FROM pg_catalog.pg_replication_slots
+WHERE database = pg_catalog.current_database() OR database IS NULL
+ORDER BY slot_name
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """One replication slot as PostgreSQL reports it."""
+
+    name: str
+    active: bool
+    retained_wal_bytes: int | None
+    """WAL kept for it, in bytes; None when it holds none (never used, or invalidated)."""
+    wal_status: str | None
+    """``reserved``, ``extended``, ``unreserved`` or ``lost`` (None before its first use)."""
+
+
+def replication_slots(connection: psycopg.Connection[Any]) -> list[SlotState]:
+    """The replication slots of the connection's database (and physical ones), by name."""
+    return [
+        SlotState(
+            name=str(name),
+            active=bool(active),
+            retained_wal_bytes=None if retained is None else max(int(retained), 0),
+            wal_status=None if status is None else str(status),
+        )
+        for name, active, retained, status in connection.execute(_SLOTS).fetchall()
+    ]
 
 
 def check_database(

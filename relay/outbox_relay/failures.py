@@ -24,6 +24,8 @@ from kafka.errors import (
     RecordListTooLargeError,
 )
 
+from outbox.core.text import MAX_REASON_CHARS, storable_text
+
 __all__ = ["is_permanent", "is_unreachable", "reason_for"]
 
 _PERMANENT: tuple[type[KafkaError], ...] = (
@@ -51,7 +53,8 @@ def is_unreachable(error: BaseException | None) -> bool:
 
 
 def reason_for(error: BaseException | None) -> str:
-    """The reason as stored and logged: the error class, then its text."""
+    """The reason as stored and logged: the error class, then its text (storable: an
+    error's text may quote what it was given)."""
     if error is None:
         return "not acknowledged within the delivery timeout"
-    return f"{type(error).__name__}: {error}"
+    return storable_text(f"{type(error).__name__}: {error}", max_chars=MAX_REASON_CHARS)

@@ -24,6 +24,25 @@ relay/outbox_relay/parking.py) is *held*: the floor stays below it until it is r
 or dead-lettered), or forgotten at a reset. Lowering the floor is always safe: the relay reads
 present rows only, so a lower floor costs index steps, never a duplicate.
 
+The invariant: **the floor never passes a present row that was not delivered.** A read's
+candidate is applied later (once its batch is acknowledged) and, in polling mode, on the
+database thread while the sending thread holds and releases rows; so a candidate must not
+count on a hold still being there for a row the read did not see. Besides rows not committed
+yet (never at or below ``final``), a read misses a present row only three ways, and each is
+covered when the candidate is computed or applied:
+
+- beyond its window: a full read's candidate stays at or below its last row;
+- in flight (the batch being sent, skipped): that batch is answered before the candidate is
+  applied, so such a row is delivered, or held (refused) by then;
+- of an aggregate its query left out (it waits): the exclusion list comes with each
+  aggregate's first waiting row, taken together under one lock, and the candidate stays
+  below it (``excluded``). The aggregate's other rows are all above that row.
+
+Rows a read did see and left in the table (their aggregate waits) are held before its
+candidate can be applied, and released only once sent. So a stale hold set, a read built
+before a release, can never move the floor past an aggregate's unread backlog (issue 22;
+tests/unit/test_relay_interleavings.py drives the relay loop through drawn interleavings).
+
 This module is pure: the relay feeds it what it read, it answers with numbers.
 """
 
@@ -31,7 +50,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Horizon"]
@@ -79,21 +98,31 @@ class Horizon:
         return self._final
 
     def candidate(
-        self, positions: Sequence[int], *, limit: int, first_left: int | None = None
+        self,
+        positions: Sequence[int],
+        *,
+        limit: int,
+        first_left: int | None = None,
+        excluded: Iterable[int] = (),
     ) -> int:
         """Where the floor may go once the rows of this read are delivered (and deleted).
 
         Call it right after the read, ``positions`` being everything it returned (ascending,
         above the floor). ``limit`` is the read's row limit: a full read may have stopped
         before rows that are present beyond it. ``first_left`` is the lowest position read
-        but left in the table (auto mode leaves fresh rows to CDC). Nothing undelivered can
-        then be present or appear at or below the answer.
+        but left in the table (auto mode leaves fresh rows to CDC). ``excluded``: for each
+        aggregate the read's query left out, the position of its first waiting row, taken
+        together with the exclusion list (``Sender.waiting``): the read saw nothing of
+        theirs. Nothing undelivered can then be present or appear at or below the answer,
+        whatever holds are released before it is applied.
         """
         candidate = self._final
         if len(positions) >= limit and positions:
             candidate = min(candidate, positions[-1])
         if first_left is not None:
             candidate = min(candidate, first_left - 1)
+        for first_waiting in excluded:
+            candidate = min(candidate, first_waiting - 1)
         return candidate
 
     def advance(self, candidate: int) -> None:
@@ -119,10 +148,17 @@ class Horizon:
         return len(self._held)
 
     def delivered(
-        self, positions: Sequence[int], *, limit: int, first_left: int | None = None
+        self,
+        positions: Sequence[int],
+        *,
+        limit: int,
+        first_left: int | None = None,
+        excluded: Iterable[int] = (),
     ) -> None:
         """A read of ``positions`` was delivered at once: :meth:`candidate`, then advance."""
-        self.advance(self.candidate(positions, limit=limit, first_left=first_left))
+        self.advance(
+            self.candidate(positions, limit=limit, first_left=first_left, excluded=excluded)
+        )
 
     def reset(self) -> None:
         """Forget everything (after a reconnect or a change of leader): read from the start."""

@@ -1,19 +1,148 @@
 """The relay's Prometheus metrics, in a registry of their own (served on ``/metrics``).
 
 No label or value ever carries a secret: no URL, no payload.
+
+Most gauges are set by the relay's loop (the leader's). The replication slots' state comes
+from :class:`SlotWatch` instead, which reads it on a thread and a connection of its own, in
+every replica, leader or not: the WAL a slot retains is what fills the database's disk when
+CDC stops, so it is watched live whatever the relay is doing, and a scrape never waits on
+the database (``/healthz`` shares the HTTP thread).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__all__ = ["RelayMetrics"]
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from outbox_relay.checks import SlotState, replication_slots
+
+__all__ = ["WAL_STATUSES", "RelayMetrics", "SlotMetrics", "SlotWatch"]
+
+log = logging.getLogger("outbox.relay.metrics")
+
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+
+
+class SlotWatch:
+    """The replication slots, read every ``interval_seconds`` on a daemon thread and a
+    connection of its own (never the leader's session): dropped after a failure, opened
+    again at the next read. :meth:`latest` is what the last read found, or None when it
+    failed (or is older than three intervals)."""
+
+    def __init__(
+        self, conninfo: str, *, interval_seconds: float = 10.0, timeout_seconds: float = 5.0
+    ) -> None:
+        self._conninfo = conninfo
+        self._interval = interval_seconds
+        self._timeout = timeout_seconds
+        self._connection: psycopg.Connection[Any] | None = None
+        self._latest: tuple[float, list[SlotState]] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="relay-slots", daemon=True)
+
+    def start(self) -> SlotWatch:
+        self._thread.start()
+        return self
+
+    def latest(self) -> list[SlotState] | None:
+        found = self._latest
+        if found is None or time.monotonic() - found[0] > 3 * self._interval:
+            return None
+        return found[1]
+
+    def refresh(self) -> None:
+        """Read the slots now (the thread does, every interval)."""
+        try:
+            if self._connection is None or self._connection.closed:
+                self._connection = psycopg.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    application_name="outbox-relay-metrics",
+                    connect_timeout=max(1, round(self._timeout)),
+                    options=f"-c statement_timeout={int(self._timeout * 1000)}",
+                )
+            self._latest = (time.monotonic(), replication_slots(self._connection))
+        except psycopg.Error as error:
+            log.warning("cannot read the replication slots: %s", type(error).__name__)
+            self._latest = None
+            self._disconnect()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._timeout + 1)
+        self._disconnect()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self._interval)
+
+    def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+
+class SlotMetrics(Collector):
+    """``outbox_relay_slot_*`` from the latest read of the slots.
+
+    Without a source (a relay built without a database URL, as in tests) the families are
+    exported without samples; ``outbox_relay_slot_read_ok`` is 0 when the slots could not be
+    read lately.
+    """
+
+    def __init__(self, latest: Callable[[], list[SlotState] | None] | None = None) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        retained = GaugeMetricFamily(
+            "outbox_relay_slot_retained_wal_bytes",
+            "WAL a replication slot of the outbox's database retains (from its restart_lsn "
+            "to the current WAL position).",
+            labels=["slot"],
+        )
+        active = GaugeMetricFamily(
+            "outbox_relay_slot_active",
+            "1 while a client (Debezium) streams from the slot.",
+            labels=["slot"],
+        )
+        status = GaugeMetricFamily(
+            "outbox_relay_slot_wal_status",
+            "1 for the slot's wal_status: reserved, extended (beyond max_wal_size), "
+            "unreserved (removed at the next checkpoint) or lost (invalidated).",
+            labels=["slot", "status"],
+        )
+        ok = GaugeMetricFamily(
+            "outbox_relay_slot_read_ok",
+            "1 when the replication slots were read lately, 0 when they could not be.",
+        )
+        if self._latest is not None:
+            slots = self._latest()
+            ok.add_metric([], 0 if slots is None else 1)
+            for slot in slots or []:
+                if slot.retained_wal_bytes is not None:
+                    retained.add_metric([slot.name], slot.retained_wal_bytes)
+                active.add_metric([slot.name], 1 if slot.active else 0)
+                for name in WAL_STATUSES:
+                    status.add_metric([slot.name, name], 1 if slot.wal_status == name else 0)
+        yield from (retained, active, status, ok)
 
 
 class RelayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, *, slots: Callable[[], list[SlotState] | None] | None = None) -> None:
+        """``slots``: the latest state of the replication slots (:meth:`SlotWatch.latest`)."""
         self.registry = CollectorRegistry()
         r = self.registry
+        r.register(SlotMetrics(slots))
         self.undelivered = Gauge(
             "outbox_relay_undelivered_rows", "Rows in the outbox not yet delivered.", registry=r
         )
@@ -71,6 +200,12 @@ class RelayMetrics:
         self.cdc_confirmed = Counter(
             "outbox_relay_cdc_confirmed",
             "Rows deleted because their CDC record was seen on Kafka (auto mode).",
+            registry=r,
+        )
+        self.cdc_undecodable = Counter(
+            "outbox_relay_cdc_undecodable_records",
+            "Records on CDC's topics no reader can take at its word (auto mode; each logged "
+            "with its topic, partition and offset).",
             registry=r,
         )
         self.dead_lettered = Counter(

@@ -57,6 +57,11 @@ class BatchOutcome:
     def retry_ids(self) -> set[str]:
         return {retry.row.id for retry in self.retry}
 
+    @property
+    def retry_aggregates(self) -> frozenset[tuple[str, bytes]]:
+        """The ``(aggregate type, key)`` of every row that stays to be retried."""
+        return frozenset((retry.row.aggregate_type, retry.row.key) for retry in self.retry)
+
 
 @dataclass
 class PendingBatch:

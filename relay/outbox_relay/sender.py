@@ -3,8 +3,11 @@
 The producer sorts the broker's answers (relay/outbox_relay/producer.py). Rows refused for a reason
 that can pass stay in the table: the read floor is held below them (relay/outbox_relay/horizon.py)
 and their aggregates wait (relay/outbox_relay/parking.py), so no newer event of theirs overtakes
-them, while every other aggregate goes on. After such a refusal the producer is replaced: its state
-may be what the broker refused (``OutOfOrderSequenceNumber``, ``UnknownProducerId``, epochs).
+them, while every other aggregate goes on. The next read was built while the refused row was in
+flight, so it skipped that row: its rows of the refused aggregate are held too, even when the
+pause is over before they would be sent (:meth:`Sender.admit`). After such a refusal the
+producer is replaced: its state may be what the broker refused (``OutOfOrderSequenceNumber``,
+``UnknownProducerId``, epochs).
 A batch of which nothing was acknowledged because the broker did not answer raises
 :class:`BatchNotAcknowledged`: the relay steps back and publishes it again later.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from outbox_relay.database import OutboxRow
 from outbox_relay.horizon import Horizon
@@ -22,7 +25,7 @@ from outbox_relay.parking import Parking
 from outbox_relay.producer import BatchOutcome, ContractProducer
 from outbox_relay.settings import RelaySettings
 
-__all__ = ["BatchNotAcknowledged", "Sender"]
+__all__ = ["Aggregate", "BatchNotAcknowledged", "Sender"]
 
 log = logging.getLogger("outbox.relay")
 
@@ -72,7 +75,7 @@ class Sender:
             for retry in outcome.retry:
                 row = retry.row
                 self._horizon.hold(row.position)
-                pause = self._parking.park((row.aggregate_type, row.key), now)
+                pause = self._parking.park((row.aggregate_type, row.key), now, row.position)
                 self._metrics.retried.labels(retry.error).inc()
                 log.warning(
                     "broker did not take event %s (aggregate %s/%s), retrying in %.1f s: %s",
@@ -86,16 +89,24 @@ class Sender:
         self._horizon.release([row.position for row in rows if row.id not in outcome.retry_ids])
         return outcome
 
-    def waiting(self) -> list[Aggregate]:
-        """The aggregates whose rows the next read leaves out (their first row is held)."""
+    def waiting(self) -> dict[Aggregate, int]:
+        """The aggregates whose rows the next read leaves out, each with the position of its
+        first waiting row: that read's floor stays below it (relay/outbox_relay/horizon.py)."""
         return self._parking.parked(time.monotonic())  # type: ignore[return-value]
 
-    def admit(self, rows: list[OutboxRow]) -> list[OutboxRow]:
-        """The rows that may be sent now: not those of an aggregate that waits (held)."""
+    def admit(
+        self, rows: list[OutboxRow], *, refused_while_read: Collection[Aggregate] = ()
+    ) -> list[OutboxRow]:
+        """The rows that may be sent now. The others stay in the table, held: those of an
+        aggregate that waits, and those of an aggregate in ``refused_while_read``, refused by
+        the batch that was in flight while ``rows`` were read. That read skipped the refused
+        row (it was in flight), so what it found of the aggregate is newer than a row that
+        waits, even when the pause is over by now (a database cycle longer than the pause)."""
         now = time.monotonic()
         admitted = []
         for row in rows:
-            if self._parking.is_parked((row.aggregate_type, row.key), now):
+            aggregate = (row.aggregate_type, row.key)
+            if aggregate in refused_while_read or self._parking.is_parked(aggregate, now):
                 self._horizon.hold(row.position)
             else:
                 admitted.append(row)

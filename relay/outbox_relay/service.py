@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import psycopg
 from kafka.errors import KafkaError
 
+from outbox.core.errors import BrokerError
 from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX, OutboxTables, cdc_heartbeat_topic
 from outbox_relay.cdc_watch import CdcWatch
 from outbox_relay.checks import check_database
@@ -38,7 +39,7 @@ from outbox_relay.health import Liveness
 from outbox_relay.horizon import Horizon
 from outbox_relay.metrics import RelayMetrics
 from outbox_relay.producer import BatchOutcome
-from outbox_relay.sender import BatchNotAcknowledged, Sender
+from outbox_relay.sender import Aggregate, BatchNotAcknowledged, Sender
 from outbox_relay.settings import RelayMode, RelaySettings
 
 __all__ = ["Relay"]
@@ -121,7 +122,7 @@ class Relay:
                     stop.wait(self.settings.leader_retry_seconds)
                 except psycopg.Error as error:
                     self._fault("database", error, stop)
-                except (KafkaError, BatchNotAcknowledged) as error:
+                except (KafkaError, BrokerError, BatchNotAcknowledged) as error:
                     self._fault("broker", error, stop)
         finally:
             if self._leading:
@@ -177,9 +178,11 @@ class Relay:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-db") as database:
             acked: _InFlight | None = None
             read = self._database_cycle(None, frozenset())
+            # The aggregates refused by the batch that was in flight while `read` was read.
+            refused_while_read: frozenset[Aggregate] = frozenset()
             while not stop.is_set():
                 self.liveness.beat()
-                rows = self._sender.admit(read.rows)
+                rows = self._sender.admit(read.rows, refused_while_read=refused_while_read)
                 if not rows:
                     # Nothing to send (nothing new, or only aggregates that wait): finish what
                     # was acknowledged, then the read's floor (held below waiting rows).
@@ -191,7 +194,7 @@ class Relay:
                     waiting = bool(read.rows) or not following.rows
                     if waiting and stop.wait(self.settings.idle_seconds):
                         break
-                    read = following
+                    read, refused_while_read = following, frozenset()
                     continue
                 skip = frozenset(row.id for row in rows)
                 cycle = database.submit(self._database_cycle, acked, skip)
@@ -201,7 +204,7 @@ class Relay:
                     following = cycle.result()  # never leave the database thread running alone
                 acked = _InFlight(rows, outcome, read.candidate)
                 self._backoff = self.settings.retry_backoff_seconds
-                read = following
+                read, refused_while_read = following, outcome.retry_aggregates
             if acked is not None:  # stopping: the acknowledged batch leaves the table first
                 self._finish(acked)
 
@@ -213,8 +216,11 @@ class Relay:
         self._report_backlog()
         self._observe_horizon()
         fetch = self.settings.batch_size + len(skip)
-        read = self._database.read(self._horizon.floor, fetch, self._sender.waiting())
-        candidate = self._horizon.candidate([row.position for row in read], limit=fetch)
+        waiting = self._sender.waiting()  # the read's exclusions and their floor, taken together
+        read = self._database.read(self._horizon.floor, fetch, list(waiting))
+        candidate = self._horizon.candidate(
+            [row.position for row in read], limit=fetch, excluded=waiting.values()
+        )
         return _Read([row for row in read if row.id not in skip], candidate)
 
     def _finish(self, batch: _InFlight) -> None:
@@ -263,10 +269,13 @@ class Relay:
             return False  # the watch is still catching up: too early to judge CDC
         self._observe_horizon()
         limit = self.settings.batch_size
-        rows = self._database.read(self._horizon.floor, limit, self._sender.waiting())
+        waiting = self._sender.waiting()
+        rows = self._database.read(self._horizon.floor, limit, list(waiting))
         if not self._takes_over(rows):
             first_left = rows[0].position if rows else None
-            self._horizon.delivered([], limit=limit, first_left=first_left)
+            self._horizon.delivered(
+                [], limit=limit, first_left=first_left, excluded=waiting.values()
+            )
             self.metrics.floor.set(self._horizon.floor)
             if self._handover.publishing:  # took over, and nothing is left: drained
                 self._step_back_if_cdc_streams()
@@ -279,7 +288,9 @@ class Relay:
             )
             return False
         self.liveness.state = "leader: publishing, CDC does not deliver (took over)"
-        candidate = self._horizon.candidate([row.position for row in rows], limit=limit)
+        candidate = self._horizon.candidate(
+            [row.position for row in rows], limit=limit, excluded=waiting.values()
+        )
         rows = self._sender.admit(rows)
         if rows:
             self._finish(_InFlight(rows, self._sender.publish(rows), candidate))
@@ -335,6 +346,8 @@ class Relay:
         deliveries = self._watch.poll(timeout_seconds=0.05)
         if deliveries.latest_heartbeat is not None:
             self._handover.cdc_heartbeat(deliveries.latest_heartbeat)
+        if deliveries.undecodable:
+            self.metrics.cdc_undecodable.inc(len(deliveries.undecodable))
         if deliveries.event_ids or deliveries.offsets:
             removed = self._database.remove_delivered(deliveries.event_ids, deliveries.offsets)
             self.metrics.cdc_confirmed.inc(removed)

@@ -29,47 +29,55 @@ class RelayMode(StrEnum):
 
 
 class RelaySettings(BaseSettings):
-    """How the relay reads, publishes, hands over and reports.
+    """How the relay reads, publishes, hands over and reports (``OUTBOX_RELAY_*``).
 
-    ``OUTBOX_RELAY_MODE``: ``polling``, ``auto`` or ``cleanup``. ``OUTBOX_RELAY_BATCH_SIZE``:
-    rows per read. ``OUTBOX_RELAY_IDLE_SECONDS``: pause after a read that found nothing to
-    publish. ``OUTBOX_RELAY_GRACE_SECONDS`` (auto): how long a row may wait for CDC before the
-    relay publishes it itself. ``OUTBOX_RELAY_CDC_HEARTBEAT_TOPIC`` (auto): the topic of the
-    connector's heartbeat change events, proof that CDC streams again; by default the one the
-    connector writes (:func:`outbox.core.tables.cdc_heartbeat_topic` of
-    ``OUTBOX_CONNECT_TOPIC_PREFIX`` and the outbox's names): set it only for a connector
-    configured otherwise.
-    ``OUTBOX_RELAY_LEADER_RETRY_SECONDS``: how often a standby replica tries to become leader.
-    ``OUTBOX_RELAY_LEASE_SECONDS``: how long leadership lasts without renewal (the leader
-    renews every third): a leader cut off from PostgreSQL is replaced within this plus the
-    retry interval. ``OUTBOX_RELAY_HTTP_HOST`` / ``OUTBOX_RELAY_HTTP_PORT``: where
-    ``/healthz``, ``/readyz`` and ``/metrics`` listen (port 0: no server). Producer:
-    ``OUTBOX_RELAY_MAX_REQUEST_BYTES`` (a bigger record is a dead letter),
-    ``OUTBOX_RELAY_LINGER_MS``, ``OUTBOX_RELAY_DELIVERY_TIMEOUT_SECONDS`` (a batch not
-    acknowledged by then is retried), ``OUTBOX_RELAY_RETRY_BACKOFF_SECONDS`` (first pause
-    after a failure, doubled up to ``OUTBOX_RELAY_MAX_BACKOFF_SECONDS``; also the pause of an
-    aggregate the broker refused for a reason that can pass).
-    ``OUTBOX_RELAY_DATABASE_PASSWORD``: the password ``outbox db relay-role`` sets.
+    The database URL (``OUTBOX_DATABASE_URL``), the outbox's names and the Kafka cluster are
+    the SDK's settings, shared with every component. Each field's docstring is its meaning in
+    docs/settings.md (generated from this class).
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_RELAY_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_RELAY_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     mode: RelayMode = RelayMode.POLLING
+    """`polling` (the relay is the only path), `auto` (CDC is primary, the relay takes over
+    when rows wait longer than the grace period) or `cleanup` (CDC only: the relay deletes
+    the rows CDC delivered)."""
     batch_size: int = Field(default=5000, ge=1, le=100_000)
+    """Rows per read."""
     idle_seconds: float = Field(default=0.1, gt=0, le=60)
+    """Pause after a read that found nothing to publish."""
     grace_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """Auto mode: how long a row may wait for CDC before the relay publishes it itself."""
     cdc_heartbeat_topic: str | None = None
+    """Auto mode: the connector's heartbeat topic, proof that CDC streams again; unset: the
+    one the connector writes (`<OUTBOX_CONNECT_TOPIC_PREFIX>.<schema>.<table>_heartbeat`).
+    Set it only for a connector configured otherwise."""
     leader_retry_seconds: float = Field(default=1.0, gt=0, le=60)
+    """How often a standby replica tries to become leader."""
     lease_seconds: float = Field(default=10.0, ge=2, le=600)
+    """How long leadership lasts without renewal (the leader renews every third): a leader
+    cut off from PostgreSQL is replaced within this plus the retry interval (11 s by
+    default); a killed one within the retry interval."""
     http_host: str = "127.0.0.1"
+    """Address of `/healthz`, `/readyz` and `/metrics` (the image listens on `0.0.0.0`)."""
     http_port: int = Field(default=8090, ge=0, le=65535)
+    """Port of `/healthz`, `/readyz` and `/metrics` (0: no server)."""
     max_request_bytes: int = Field(default=1_048_576, ge=1024)
+    """Producer: largest record request; a bigger record is a dead letter."""
     linger_ms: int = Field(default=5, ge=0, le=1000)
+    """Producer: how long records wait to be batched."""
     delivery_timeout_seconds: float = Field(default=30.0, ge=3, le=3600)
+    """A batch the broker has not acknowledged by then is published again."""
     retry_backoff_seconds: float = Field(default=0.5, gt=0, le=60)
+    """First pause after a failure (doubled up to the maximum); also the pause of an
+    aggregate the broker refused for a reason that can pass."""
     max_backoff_seconds: float = Field(default=10.0, gt=0, le=600)
+    """Longest pause after repeated failures."""
     database_password: SecretStr = SecretStr("")
-    """Only for ``outbox db relay-role``: the password it gives the relay's role."""
+    """Only for `outbox db relay-role`: the password it gives the relay's role (never
+    printed; `outbox stack env` exports the local stack's)."""
 
     @field_validator("cdc_heartbeat_topic")
     @classmethod

@@ -189,6 +189,14 @@ class RelayStatements:
         )
 
     @property
+    def discard_dead_letters(self) -> str:
+        """Delete the dead letters whose ids are in ``%s`` (an array); returns their ids."""
+        return (
+            f"DELETE FROM {self.tables.qualified_dead_letter} "
+            "WHERE id = ANY(%s::uuid[]) RETURNING id"
+        )
+
+    @property
     def retry_dead_letters(self) -> str:
         """Put dead letters back into the outbox (a new position: they go to the end).
 

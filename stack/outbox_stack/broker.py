@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -134,6 +135,9 @@ class KafkaBroker:
             # The Outbox Event Router routes to a topic per aggregate type, made on first use.
             "auto.create.topics.enable": "true",
             "num.partitions": "1",
+            # Retention is checked every 2 s (Kafka's default: 5 minutes), so a topic with a
+            # short retention.ms loses its old records soon, as the conformance suite checks.
+            "log.retention.check.interval.ms": "2000",
         }
 
     def _write_configuration(self) -> Path:
@@ -208,6 +212,14 @@ class KafkaBroker:
             self.process.is_running(), self.process.pid(), self.bootstrap_servers, self.data_dir
         )
 
+    def _listening(self) -> bool:
+        host, _, port = self.bootstrap_servers.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return True
+        except OSError:
+            return False
+
     def wait_until_ready(self) -> None:
         from kafka import KafkaAdminClient
         from kafka.errors import KafkaError
@@ -220,16 +232,22 @@ class KafkaBroker:
                     f"the broker exited during start-up; see {self.process.log_file}:\n"
                     + "\n".join(self.process.tail(20))
                 )
+            if not self._listening():
+                time.sleep(0.2)  # the JVM is still starting: a client now would only log errors
+                continue
             try:
                 admin = KafkaAdminClient(
                     bootstrap_servers=self.bootstrap_servers,
                     request_timeout_ms=3000,
                 )
                 try:
-                    admin.list_topics()
+                    # Registered: the metadata lists this broker (Connect's first request,
+                    # the cluster id, waits for a node and gives up after a minute).
+                    if admin.describe_cluster().get("brokers"):
+                        return
                 finally:
                     admin.close()
-                return
+                time.sleep(0.2)
             except (KafkaError, OSError, ValueError) as error:
                 last_error = error
                 time.sleep(0.2)

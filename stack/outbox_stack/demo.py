@@ -48,6 +48,8 @@ __all__ = [
     "DemoPipeline",
 ]
 
+log = logging.getLogger("outbox.demo")
+
 INGEST_START_TIMEOUT_SECONDS = 180.0
 LAKE_CATCH_UP_TIMEOUT_SECONDS = 180.0
 DELIVERY_TIMEOUT_SECONDS = 180.0
@@ -196,23 +198,21 @@ class DemoPipeline:
         return summary
 
     def await_on_kafka(self, count: int) -> None:
-        """Wait until ``count`` distinct order events of this run are on their topic."""
-        from kafka import KafkaConsumer
-
-        from outbox.core.contract import event_id_of
+        """Wait until ``count`` distinct order events of this run are on their topic (a
+        record that is no event, or that no reader can take at its word, is logged and
+        passed)."""
+        from outbox.core.kafka_record import Undecodable, decode_event
+        from outbox.kafka_reading import KafkaReader, ReaderRole
         from outbox_lake.records import event_time_of
 
         since = self._since()
         topic = topic_for(ORDER_TYPE)
-        consumer = KafkaConsumer(
-            topic,
-            bootstrap_servers=self.stack.bootstrap_servers.split(","),
-            isolation_level="read_committed",
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            consumer_timeout_ms=500,
+        reader = KafkaReader(
+            self.stack.bootstrap_servers,
+            ReaderRole(client_id="outbox-demo", when_offsets_gone="earliest"),
         )
         seen: set[uuid.UUID] = set()
+        assigned = False
         deadline = time.monotonic() + DELIVERY_TIMEOUT_SECONDS
         try:
             while len(seen) < count:
@@ -222,12 +222,22 @@ class DemoPipeline:
                         f"{DELIVERY_TIMEOUT_SECONDS:.0f} s: see `outbox connect status` "
                         "and `outbox stack logs`"
                     )
-                for record in consumer:
-                    event_id = event_id_of(record.headers)
-                    if event_time_of(event_id).timestamp() >= since:
-                        seen.add(event_id)
+                if not assigned:  # the topic appears with CDC's first record
+                    partitions = reader.partitions([topic])
+                    if not partitions:
+                        time.sleep(0.5)
+                        continue
+                    reader.assign(partitions)
+                    reader.seek_to_beginning(partitions)
+                    assigned = True
+                for record in reader.poll(0.5):
+                    event = decode_event(record)
+                    if isinstance(event, Undecodable):
+                        log.warning("%s passed: %s", event.place, event.reason)
+                    elif event_time_of(event.event_id).timestamp() >= since:
+                        seen.add(event.event_id)
         finally:
-            consumer.close()
+            reader.close()
 
     def await_in_lake(self, count: int) -> None:
         """Wait until the lake holds ``count`` order events of this run."""
@@ -243,8 +253,14 @@ class DemoPipeline:
         return order_report(self.lake_settings, self._since(), ORDER_TYPE)
 
     def log_files(self) -> list[tuple[str, Path]]:
+        broker = (
+            [("Apache Kafka", self.stack.broker.process.log_file)]
+            if self.stack.broker is not None
+            else []
+        )
         return [
             ("lake job (Spark)", self.ingest.log_file),
+            *broker,
             ("Kafka Connect", self.stack.connect.process.log_file),
             ("PostgreSQL", self.stack.postgres.log_file),
         ]

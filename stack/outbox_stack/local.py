@@ -75,11 +75,17 @@ class LocalStack:
             "OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password(),
             "OUTBOX_CONNECT_DATABASE_PORT": str(self.postgres.port),
             "OUTBOX_CONNECT_URL": self.connect.rest_url,
+            "OUTBOX_RELAY_DATABASE_PASSWORD": self.relay_password(),
         }
 
     def cdc_password(self) -> str:
         """OUTBOX_CONNECT_DATABASE_PASSWORD when set, else the stack's generated one."""
         return os.environ.get("OUTBOX_CONNECT_DATABASE_PASSWORD") or self.postgres.cdc_password()
+
+    def relay_password(self) -> str:
+        """OUTBOX_RELAY_DATABASE_PASSWORD when set, else the stack's generated one: what
+        ``outbox db relay-role`` gives the relay's role, so the relay runs as that role."""
+        return os.environ.get("OUTBOX_RELAY_DATABASE_PASSWORD") or self.postgres.relay_password()
 
     def down(self) -> None:
         self.connect.down()

@@ -126,6 +126,10 @@ class PostgresCluster:
         """The password of the local stack's CDC role, generated once (file mode 0600)."""
         return read_or_create_secret(self.home / "cdc.password")
 
+    def relay_password(self) -> str:
+        """The password of the local stack's relay role, generated once (file mode 0600)."""
+        return read_or_create_secret(self.home / "relay.password")
+
     def password(self) -> str:
         try:
             return self.password_file.read_text().strip()

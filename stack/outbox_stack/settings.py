@@ -13,42 +13,46 @@ __all__ = ["StackSettings"]
 
 
 class StackSettings(BaseSettings):
-    """Where the local stack keeps its files and where its services listen.
-
-    ``OUTBOX_STACK_DIR``: folder for data, logs and downloads (default ``.stack`` in the
-    current folder; it is git-ignored). ``OUTBOX_STACK_POSTGRES_PORT``: loopback port of the
-    private PostgreSQL. ``OUTBOX_STACK_POSTGRES_DATABASE``: the database it creates.
-    ``OUTBOX_STACK_POSTGRES_BIN``: PostgreSQL 15's binaries (Debian's ``postgresql-15``).
-    ``OUTBOX_STACK_POSTGRES_SERVER_DIR``: where the server keeps data, socket and log (default:
-    the stack folder, or a folder of the ``postgres`` user when run as root from a folder it
-    cannot reach; see :mod:`outbox_stack.server_home`); a folder of its own: as root it is given to
-    the ``postgres`` user.
-    ``OUTBOX_STACK_DOWNLOADS``: cache of the jars fetched from Maven Central (and Maven's own
-    repository, ``m2/``).
-    ``OUTBOX_STACK_BROKER_PORT``: loopback port of the broker's client listener (Apache Kafka);
-    ``OUTBOX_STACK_BROKER_CONTROLLER_PORT``: loopback port of its KRaft controller listener;
-    ``OUTBOX_STACK_BROKER_HEAP``: its Java heap (``-Xmx``), e.g. ``512m`` or ``1g``.
-    ``OUTBOX_STACK_CONNECT_PORT``: REST port of the Kafka Connect worker;
-    ``OUTBOX_STACK_CONNECT_HEAP``: its Java heap (``-Xmx``), e.g. ``768m`` or ``1g``.
+    """Where the local stack keeps its files and where its services listen
+    (``OUTBOX_STACK_*``). Each field's docstring is its meaning in docs/settings.md.
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_STACK_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_STACK_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     dir: Path = Path(".stack")
+    """Data, logs, pid files and generated secrets (relative to the current folder)."""
     postgres_port: int = Field(default=54329, ge=1024, le=65535)
+    """Loopback port of the private PostgreSQL."""
     postgres_database: str = "outbox"
+    """The database `up` creates."""
     postgres_bin: Path = Path("/usr/lib/postgresql/15/bin")
+    """PostgreSQL 15's binaries (Debian's `postgresql-15`)."""
     postgres_server_dir: Path | None = None
+    """Where the server keeps data, socket and log (default: the stack folder, or as root a
+    folder of the `postgres` user when it cannot reach the stack folder); a folder of its
+    own."""
     postgres_start_timeout_seconds: float = Field(default=60.0, gt=0)
+    """How long `up` waits for PostgreSQL to answer."""
     downloads: Path = Path(".cache/stack")
+    """Jars fetched from Maven Central, and Maven's own repository (`m2/`)."""
     broker_port: int = Field(default=59092, ge=1024, le=65535)
+    """Loopback port of the broker's client listener (Apache Kafka)."""
     broker_controller_port: int = Field(default=59093, ge=1024, le=65535)
+    """Loopback port of the broker's KRaft controller listener."""
     broker_heap: str = Field(default="512m", pattern=r"^[1-9][0-9]*[mg]$")
+    """The broker's Java heap (`-Xms`/`-Xmx`), e.g. `512m` or `1g`."""
     broker_start_timeout_seconds: float = Field(default=90.0, gt=0)
+    """How long `up` waits for the broker."""
     connect_port: int = Field(default=58083, ge=1024, le=65535)
+    """REST port of the Kafka Connect worker."""
     connect_heap: str = Field(default="768m", pattern=r"^[1-9][0-9]*[mg]$")
+    """Connect's Java heap (`-Xms`/`-Xmx`), e.g. `768m` or `1g`."""
     connect_start_timeout_seconds: float = Field(default=180.0, gt=0)
+    """How long `up` waits for Kafka Connect."""
     java: Path = Path("java")
+    """The Java 17 runtime."""
 
     @field_validator("postgres_database")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, OffsetOutOfRangeError
 from kafka.structs import OffsetAndMetadata
 
 from tests.broker.conftest import BrokerUnderTest
@@ -58,13 +58,14 @@ def create(broker: BrokerUnderTest, topic: str, partitions: int) -> None:
 
 
 def consumer(broker: BrokerUnderTest, **settings: Any) -> KafkaConsumer:
+    options: dict[str, Any] = {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_bytes": 4_000_000,
+        "max_partition_fetch_bytes": 4_000_000,
+    }
     return KafkaConsumer(
-        bootstrap_servers=broker.bootstrap_servers.split(","),
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_bytes=4_000_000,
-        max_partition_fetch_bytes=4_000_000,
-        **settings,
+        bootstrap_servers=broker.bootstrap_servers.split(","), **{**options, **settings}
     )
 
 
@@ -222,32 +223,38 @@ def test_metadata_gives_each_topic_an_id_and_a_recreated_topic_a_new_one(
     past where the lake stood, or a broker replaced under its checkpoint, is told apart from
     the log the lake read only by its id (Kafka 2.8+, KIP-516). Without ids that stays silent
     (docs/operations.md, 'Data loss')."""
-    from outbox_lake.kafka_source import _consumer, _topic_id
-
     topic = new_topic()
     create(broker_under_test, topic, 1)
-    reader = _consumer(broker_under_test.bootstrap_servers)  # the lake's own consumer
     admin = KafkaAdminClient(bootstrap_servers=broker_under_test.bootstrap_servers.split(","))
+
+    def topic_id(name: str) -> str | None:
+        """The topic's id in fresh metadata, once the broker lists it (None: no id)."""
+        deadline = time.monotonic() + 30
+        while True:
+            (described,) = admin.describe_topics([name])
+            if described["error_code"] == 0:
+                found = described.get("topic_id")
+                zero = "00000000-0000-0000-0000-000000000000"
+                return None if found in (None, zero) else str(found)
+            assert time.monotonic() < deadline, f"{name} not in the metadata after 30 s"
+            time.sleep(0.2)  # metadata propagates: nothing else to await
+
     try:
-        assert topic in reader.topics()
-        first = _topic_id(reader, topic)
+        first = topic_id(topic)
         assert first is not None, f"{broker_under_test.name} gives topics no id in its metadata"
         auto = new_topic()  # how outbox topics come to be: Debezium's or the relay's first send
         producer.send(auto, value=b"first").get(timeout=30)
-        assert auto in reader.topics()
-        assert _topic_id(reader, auto) not in (None, first), "a topic made on first produce"
+        assert topic_id(auto) not in (None, first), "a topic made on first produce"
         admin.delete_topics([topic])
         deadline = time.monotonic() + 30
         while topic in admin.list_topics():
             assert time.monotonic() < deadline, f"{topic} still listed 30 s after its deletion"
             time.sleep(0.2)
         admin.create_topics([NewTopic(topic, 1, 1)])
-        assert topic in reader.topics()
-        second = _topic_id(reader, topic)
+        second = topic_id(topic)
         assert second is not None and second != first, (first, second)
     finally:
         admin.close()
-        reader.close()
 
 
 def test_end_offsets_count_every_acknowledged_record(
@@ -302,3 +309,73 @@ def test_a_record_of_almost_a_mebibyte_is_stored_and_a_larger_one_refused_or_kep
     assert records[0].value == near
     if stored_big is not None:
         assert len(records) == 2 and records[1].value == big
+
+
+def _beginning(broker: BrokerUnderTest, tp: TopicPartition) -> int:
+    reader = consumer(broker)
+    try:
+        return int(reader.beginning_offsets([tp])[tp])
+    finally:
+        reader.close()
+
+
+def _reads_below_the_start_are_out_of_range(broker: BrokerUnderTest, tp: TopicPartition) -> None:
+    """A reader that asks for a removed offset gets an error it can report as data loss (the
+    lake and reconcile do), not records from elsewhere nor silence."""
+    reader = consumer(broker, auto_offset_reset="none")
+    try:
+        reader.assign([tp])
+        reader.seek(tp, 0)
+        deadline = time.monotonic() + 30
+        with pytest.raises(OffsetOutOfRangeError):
+            while time.monotonic() < deadline:
+                assert not reader.poll(timeout_ms=500), "records below the log start"
+    finally:
+        reader.close()
+
+
+def test_deleted_records_move_the_log_start_and_reads_below_it_fail(
+    broker_under_test: BrokerUnderTest, producer: KafkaProducer
+) -> None:
+    """``delete_records`` (what an operator runs to drop a poison range) moves the partition's
+    start; the records above it stay readable, a read below it is out of range."""
+    topic = new_topic()
+    create(broker_under_test, topic, 1)
+    for n in range(10):
+        producer.send(topic, value=str(n).encode())
+    producer.flush(timeout=30)
+    tp = TopicPartition(topic, 0)
+    admin = KafkaAdminClient(bootstrap_servers=broker_under_test.bootstrap_servers.split(","))
+    try:
+        admin.delete_records({tp: 6})
+    finally:
+        admin.close()
+    assert _beginning(broker_under_test, tp) == 6
+    assert [r.value for r in read_partition(broker_under_test, tp, 4)] == [b"6", b"7", b"8", b"9"]
+    _reads_below_the_start_are_out_of_range(broker_under_test, tp)
+
+
+@pytest.mark.timeout(240)
+def test_retention_removes_old_records_and_moves_the_log_start(
+    broker_under_test: BrokerUnderTest, producer: KafkaProducer
+) -> None:
+    """Time-based retention removes whole closed segments: a topic with 1 s retention and
+    100 ms segments loses its first records once later ones roll the segment. The local
+    broker checks retention every 2 s (``log.retention.check.interval.ms``); on a cluster with
+    Kafka's default (5 minutes) this test may take that long, within its time bound."""
+    topic = new_topic()
+    admin = KafkaAdminClient(bootstrap_servers=broker_under_test.bootstrap_servers.split(","))
+    try:
+        admin.create_topics(
+            [NewTopic(topic, 1, 1, topic_configs={"retention.ms": "1000", "segment.ms": "100"})]
+        )
+    finally:
+        admin.close()
+    tp = TopicPartition(topic, 0)
+    producer.send(topic, value=b"old").get(timeout=30)
+    deadline = time.monotonic() + 200
+    while _beginning(broker_under_test, tp) == 0:
+        assert time.monotonic() < deadline, "retention never removed the first segment"
+        producer.send(topic, value=b"later").get(timeout=30)  # rolls the segment
+        time.sleep(0.5)  # a steady trickle while the broker's retention check comes round
+    _reads_below_the_start_are_out_of_range(broker_under_test, tp)

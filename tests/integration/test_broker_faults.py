@@ -139,18 +139,37 @@ def test_a_read_uncommitted_reader_is_what_exactly_once_protects_against(
     committed = read_until(
         durable_cdc.kafka.bootstrap_servers, topic, lambda r: len(r) >= 50, timeout=60
     )
-    everything = read_until(
-        durable_cdc.kafka.bootstrap_servers,
-        topic,
-        lambda r: len(r) >= 50,
-        timeout=60,
-        isolation_level="read_uncommitted",
-    )
+    everything = read_uncommitted(durable_cdc.kafka.bootstrap_servers, topic, 50, timeout=60)
     assert len(committed) == len(everything) == 50
-    offsets = [record.offset for record in committed]  # type: ignore[attr-defined]
+    offsets = [record.offset for record in committed]
     assert offsets[-1] - offsets[0] + 1 > len(offsets), (
         "no transaction marker between the records: Connect is not writing transactionally"
     )
+
+
+def read_uncommitted(bootstrap: str, topic: str, count: int, *, timeout: float) -> list[Any]:
+    """A read_uncommitted reader, on purpose outside the project's reading layer (which reads
+    committed records only): what exactly-once protects the project's readers against."""
+    import time
+
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        isolation_level="read_uncommitted",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=500,
+    )
+    records: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(records) < count and time.monotonic() < deadline:
+            records.extend(consumer)
+    finally:
+        consumer.close()
+    return records
 
 
 def test_no_loss_no_lake_duplicate_when_broker_and_connect_are_both_killed(

@@ -204,3 +204,55 @@ def test_a_statement_timeout_is_an_attempt_not_an_outage(relay_bench: RelayBench
         ).scalar_one()
     assert "QueryCanceled" in reason
     engine.dispose()
+
+
+def test_a_lone_surrogate_in_a_handlers_error_is_dead_lettered_not_a_crash(
+    relay_bench: RelayBench,
+) -> None:
+    """JSON may escape a lone surrogate (``"\\ud800"``): Python decodes it, PostgreSQL cannot
+    store it. A handler error that quotes it used to make writing the dead letter raise
+    ``UnicodeEncodeError``, stopping the consumer on this record after every restart."""
+    aggregate_type = f"u{uuid.uuid4().hex[:10]}"
+    topic = topic_for(aggregate_type)
+    bootstrap = relay_bench.kafka.bootstrap_servers
+    event_id = uuid.uuid4()
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(
+        topic,
+        key=b"1",
+        value=b'{"note": "\\ud800 and \\u0000"}',
+        headers=[("id", str(event_id).encode()), ("eventType", b"Noted"), ("we\x00ird", b"\x00")],
+    )
+    producer.flush()
+    producer.close()
+    engine = sa.create_engine(relay_bench.database.url)
+
+    def handler(_session: Session, event: ReceivedEvent) -> None:
+        raise ValueError(f"cannot ship {event.payload['note']!s}")
+
+    consumer = IdempotentConsumer(
+        name="surrogate-test",
+        group_id=f"surrogate-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        bootstrap_servers=bootstrap,
+        begin=sa.orm.sessionmaker(engine).begin,
+        handler=handler,
+        max_attempts=1,
+        retry_backoff_seconds=0.05,
+        consumer_options=FAST_GROUP,
+    )
+    try:
+        drain(consumer, lambda: consumer.stats.dead_lettered >= 1, timeout=60)
+    finally:
+        consumer.close()
+    with engine.connect() as connection:
+        letter = connection.execute(
+            sa.text(
+                "SELECT event_id, reason, headers FROM outbox.outbox_inbox_dead_letter "
+                "WHERE consumer = 'surrogate-test'"
+            )
+        ).one()
+    assert letter.event_id == str(event_id)
+    assert letter.reason == "ValueError: cannot ship \ufffd and \ufffd"
+    assert ["we\ufffdird", "\ufffd"] in letter.headers
+    engine.dispose()

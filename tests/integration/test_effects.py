@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -31,6 +32,9 @@ from tests.concurrency import run_in_threads
 from tests.fix_postgres import ScratchDatabase
 
 pytestmark = pytest.mark.timeout(120)
+
+# The in-memory provider records a call as it is made: an attempt cut short has settled at once.
+SETTLED = timedelta(seconds=0.2)
 
 
 class Provider:
@@ -148,6 +152,18 @@ async def test_the_async_ledger_calls_once_and_resolves_a_cut_short_step(
     resolved = await ledger.perform(cut, "charge", charge, lookup=find)
     assert resolved.done and not resolved.called and sum(provider.calls.values()) == 2
 
+    async def crash_before_the_call(_step: EffectStep) -> str:
+        raise Crash
+
+    never = uuid.uuid4()
+    with pytest.raises(Crash):
+        await ledger.perform(never, "charge", crash_before_the_call)
+    started = time.monotonic()
+    settle = timedelta(seconds=0.5)  # "not found" at once is not believed: the ledger waits
+    made = await ledger.perform(never, "charge", charge, lookup=find, settle_after=settle)
+    assert made.done and made.called and made.step.attempt == 2
+    assert time.monotonic() - started >= 0.3 and sum(provider.calls.values()) == 3
+
 
 def test_a_cut_short_step_is_parked_without_a_lookup_and_never_called_again(
     engine: sa.Engine,
@@ -197,7 +213,9 @@ def test_a_lookup_resolves_cut_short_steps_exactly_once(engine: sa.Engine) -> No
     before, after = str(uuid.uuid4()), str(uuid.uuid4())
     cut_short(ledger, before, provider, after_call=False)
     cut_short(ledger, after, provider, after_call=True)
-    resolved_before = ledger.perform(before, "charge", provider.charge, lookup=provider.find)
+    resolved_before = ledger.perform(
+        before, "charge", provider.charge, lookup=provider.find, settle_after=SETTLED
+    )
     resolved_after = ledger.perform(after, "charge", provider.charge, lookup=provider.find)
     assert resolved_before.done and resolved_before.called and resolved_before.step.attempt == 2
     assert resolved_after.done and not resolved_after.called
@@ -257,13 +275,29 @@ def test_concurrent_performers_of_one_step_call_once(engine: sa.Engine) -> None:
             return provider.charge(step)
 
     def work(_n: int) -> None:
-        outcome = ledger.perform(event_id, "charge", slow_charge, lookup=provider.find)
+        # One arriving between the first one's two transactions finds the step started and
+        # not found by the lookup: it waits for it to settle (1 s) rather than call again.
+        settle = timedelta(seconds=1)
+        outcome = ledger.perform(
+            event_id, "charge", slow_charge, lookup=provider.find, settle_after=settle
+        )
         with lock:
             outcomes.append(outcome)
 
     run_in_threads(work, 4, timeout=60)
     assert sum(provider.calls.values()) == 1
     assert all(o.done for o in outcomes) and sum(o.called for o in outcomes) == 1
+
+
+def age_steps(engine: sa.Engine, consumer: str, age: timedelta) -> None:
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "UPDATE outbox.outbox_inbox_effect SET updated_at = now() - :age "
+                "WHERE consumer = :c"
+            ),
+            {"c": consumer, "age": age},
+        )
 
 
 def test_done_steps_expire_and_parked_ones_stay(engine: sa.Engine) -> None:
@@ -273,16 +307,41 @@ def test_done_steps_expire_and_parked_ones_stay(engine: sa.Engine) -> None:
     ledger.perform(done, "charge", provider.charge)
     cut_short(ledger, parked, provider, after_call=False)
     ledger.perform(parked, "charge", provider.charge)
-    with engine.begin() as connection:
-        connection.execute(
-            sa.text(
-                "UPDATE outbox.outbox_inbox_effect SET updated_at = now() - interval '30 days' "
-                "WHERE consumer = :c"
-            ),
-            {"c": ledger.consumer},
-        )
+    age_steps(engine, ledger.consumer, ledger.settings.effect_retention + timedelta(hours=1))
     assert ledger.delete_expired() == 1
     assert state_of(engine, ledger.consumer, parked)[0] == "needs_decision"
+
+
+def test_a_done_step_outlives_inbox_claims_and_its_events_dead_letter(
+    engine: sa.Engine,
+) -> None:
+    """Issue 22: done steps went after 7 days, dead letters after 30: a dead letter replayed
+    in between charged again. The step now lives as long as dead letters are kept (30 days,
+    derived), and never goes while its event's dead letter is still there."""
+    ledger = Effects(consumer=name(), begin=engine.begin)
+    provider = Provider()
+    lettered, plain = str(uuid.uuid4()), str(uuid.uuid4())
+    for event_id in (lettered, plain):
+        ledger.perform(event_id, "charge", provider.charge)
+    # A week and a day: past the inbox's retention, not the dead letters'.
+    age_steps(engine, ledger.consumer, timedelta(days=8))
+    assert ledger.delete_expired() == 0
+    with engine.begin() as connection:  # the handler failed after the charge: a dead letter
+        connection.execute(
+            sa.text(
+                "INSERT INTO outbox.outbox_inbox_dead_letter (consumer, topic, partition, "
+                '"offset", event_id, headers, reason, attempts) VALUES '
+                "(:c, 't', 0, 1, :e, '[]', 'the handler failed after the charge', 5)"
+            ),
+            {"c": ledger.consumer, "e": lettered},
+        )
+    age_steps(engine, ledger.consumer, timedelta(days=45))  # a longer dead-letter retention
+    assert ledger.delete_expired() == 1
+    assert state_of(engine, ledger.consumer, lettered)[0] == "done"
+    replayed = ledger.perform(lettered, "charge", provider.charge)  # the late replay
+    assert replayed.done and not replayed.called and sum(provider.calls.values()) == 2
+    with pytest.raises(EffectError, match="OUTBOX_DEAD_LETTER_RETENTION"):
+        ledger.delete_expired(older_than=timedelta(days=7))
 
 
 def test_metrics_count_and_age_the_steps_needing_a_decision(engine: sa.Engine) -> None:
@@ -371,3 +430,95 @@ def test_the_cli_refuses_a_decision_on_a_step_that_needs_none(
     assert listed.returncode == 0 and listed.stdout == ""
     assert "0 step(s) need a decision" in listed.stderr
     assert state_of(engine, ledger.consumer, event_id)[0] == "done"
+
+
+def test_a_call_that_timed_out_is_not_made_again_while_the_provider_may_still_record_it(
+    engine: sa.Engine,
+) -> None:
+    """Issue 22, item 5: the client gives up, the consumer retries, the lookup asks too early.
+
+    The counting HTTP provider records a charge 1 s after its request arrives; the example's
+    client gives up after 0.3 s. Each delivery is retried as ``IdempotentConsumer`` does (up
+    to 5 attempts, the error re-raised in between).
+    """
+    from outbox_examples.payment_effects import ProviderClient
+    from outbox_examples.payment_provider import PaymentProvider
+
+    provider = PaymentProvider(record_delay=1.0).start()
+    try:
+        # The effect declares that the provider may record a charge up to 2.5 s after it
+        # was sent (its 1 s, with margin): the retry waits until then, and finds it.
+        settle = timedelta(seconds=2.5)
+        client = ProviderClient(provider.url, timeout=0.3, settle_after=settle)
+        ledger = Effects(consumer=name(), begin=engine.begin)
+        event_id = str(uuid.uuid4())
+        key = str(idempotency_key(ledger.consumer, event_id, "charge"))
+        errors: list[str] = []
+        outcome = None
+        for _attempt in range(5):
+            try:
+                outcome = ledger.perform(
+                    event_id,
+                    "charge",
+                    client.charge,
+                    lookup=client.find,
+                    context={"n": 1},
+                    settle_after=client.settle_after,
+                )
+                break
+            except OSError as error:  # the client's timeout, re-raised: the consumer retries
+                errors.append(type(error).__name__)
+        assert provider.wait_idle(timeout=30), "the provider still records charges"
+        assert provider.counts() == {key: 1}, f"charged more than once (errors: {errors})"
+        assert errors == ["TimeoutError"], errors
+        assert outcome is not None and outcome.done and not outcome.called
+        assert outcome.reference == provider.find(key) and outcome.step.attempt == 1
+    finally:
+        provider.stop()
+
+
+def test_a_call_that_never_arrived_is_made_again_once_settled_and_only_then(
+    engine: sa.Engine,
+) -> None:
+    """The other side of the settle time: a request lost on the way is made again, after it."""
+    ledger = Effects(consumer=name(), begin=engine.begin)
+    provider = Provider()
+    event_id = str(uuid.uuid4())
+    settle = timedelta(seconds=1)
+    began = time.monotonic()
+    calls: list[float] = []
+
+    def charge(step: EffectStep) -> str:
+        calls.append(time.monotonic() - began)
+        if len(calls) == 1:
+            raise TimeoutError("timed out: the request was lost on the way")
+        return provider.charge(step)
+
+    with pytest.raises(TimeoutError):
+        ledger.perform(event_id, "charge", charge, lookup=provider.find, settle_after=settle)
+    outcome = ledger.perform(event_id, "charge", charge, lookup=provider.find, settle_after=settle)
+    assert outcome.done and outcome.called and outcome.step.attempt == 2
+    assert len(calls) == 2 and calls[1] >= 0.95 * settle.total_seconds(), calls
+    assert sum(provider.calls.values()) == 1
+
+
+def test_a_step_that_cannot_wait_long_enough_is_parked_with_when_to_ask(
+    engine: sa.Engine,
+) -> None:
+    ledger = Effects(consumer=name(), begin=engine.begin, max_wait=timedelta(0))
+    provider = Provider()
+    event_id = str(uuid.uuid4())
+    cut_short(ledger, event_id, provider, after_call=False)
+    settle = timedelta(minutes=10)
+    outcome = ledger.perform(
+        event_id, "charge", provider.charge, lookup=provider.find, settle_after=settle
+    )
+    assert outcome.needs_decision and not outcome.called and not provider.calls
+    assert "settle time (600 s)" in (outcome.reason or "")
+    with engine.begin() as connection:
+        (parked,) = steps_needing_decision(connection, consumer=ledger.consumer)
+    assert parked.event_id == event_id and "Ask again after" in (parked.reason or "")
+    with pytest.raises(EffectError, match="max_wait"):
+        Effects(consumer=name(), begin=engine.begin, max_wait=timedelta(hours=2))
+    with pytest.raises(EffectError, match="settle_after"):
+        ledger.perform(event_id, "charge", provider.charge, settle_after=30)  # type: ignore[arg-type]

@@ -73,6 +73,10 @@ class Bench:
             "EFFECTS_PROVIDER": self.provider.url,
             "EFFECTS_MODE": mode,
             "EFFECTS_LOOKUP": "1" if lookup else "0",
+            # The counting provider records a charge as its request arrives: one sent by a
+            # killed child has arrived within a second or never will. A longer settle time
+            # would make the restarted child wait past its group's max.poll.interval (6 s).
+            "EFFECTS_SETTLE_SECONDS": "2",
             "EFFECTS_CRASH_PLAN": ",".join(f"{p}:{n}" for p, n in CRASHES.items()),
             "EFFECTS_CRASH_MARKS": str(tmp),
             "PYTHONPATH": str(ROOT),

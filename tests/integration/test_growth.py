@@ -98,9 +98,15 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
             connection.execute(
                 "INSERT INTO outbox.outbox_heartbeat (beat) VALUES (now() - %s::interval)", (age,)
             )
-        # effect steps: done 8 days ago goes; done a day ago, and parked long ago, stay
+        # effect steps: done 31 days ago goes; done 8 days ago stays (as long as dead letters
+        # do), and so do one done long ago whose event has a dead letter and a parked one
         for n, (state, age) in enumerate(
-            (("done", "8 days"), ("done", "1 day"), ("needs_decision", "40 days"))
+            (
+                ("done", "31 days"),
+                ("done", "8 days"),
+                ("done", "40 days"),
+                ("needs_decision", "40 days"),
+            )
         ):
             connection.execute(
                 "INSERT INTO outbox.outbox_inbox_effect (consumer, event_id, effect, "
@@ -109,13 +115,17 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
                 "now() - %s::interval)",
                 (f"e{n}", state, age, age),
             )
+        connection.execute(
+            "INSERT INTO outbox.outbox_inbox_dead_letter (consumer, topic, partition, "
+            '"offset", event_id, headers, reason, attempts, failed_at) VALUES '
+            "('c', 't', 0, 9, 'e2', '[]', 'r', 1, now() - interval '1 day')"
+        )
         connection.commit()
     result = run_outbox("db", "expire", env={"OUTBOX_DATABASE_URL": empty_database.url})
     assert result.returncode == 0, result.stderr
     for table in (
         "outbox_dedup",
         "outbox_inbox",
-        "outbox_dead_letter",
         "outbox_inbox_dead_letter",
         "outbox_heartbeat",
         "outbox_inbox_effect",
@@ -123,8 +133,59 @@ def test_expired_rows_are_deleted_and_live_ones_kept(empty_database: ScratchData
         assert f"{table}: 1 expired row(s) deleted" in result.stdout
         with empty_database.connect() as connection:
             left = connection.execute(f"SELECT count(*) FROM outbox.{table}").fetchone()
-        kept = 2 if table == "outbox_inbox_effect" else 1  # a parked step is never deleted
+        kept = {"outbox_inbox_effect": 3, "outbox_inbox_dead_letter": 2}.get(table, 1)
         assert left == (kept,), f"{table}: the live rows must stay"
+    with empty_database.connect() as connection:
+        left = connection.execute("SELECT count(*) FROM outbox.outbox_dead_letter").fetchone()
+    assert left == (2,), "the relay's dead letters (events never published) stay"
+
+
+def test_relay_dead_letters_stay_until_replayed_or_discarded(
+    empty_database: ScratchDatabase,
+) -> None:
+    """A relay dead letter is a committed event that was never published: no retention
+    deletes it; an operator replays it or discards it by its id, saying --yes."""
+    engine = sa.create_engine(empty_database.url)
+    with engine.begin() as connection:
+        outbox_migrations.upgrade(connection)
+    engine.dispose()
+    env = {"OUTBOX_DATABASE_URL": empty_database.url}
+    ids = [uuid.uuid4() for _ in range(3)]
+    with empty_database.connect() as connection:
+        for n, event_id in enumerate(ids):
+            connection.execute(
+                "INSERT INTO outbox.outbox_dead_letter (id, aggregatetype, aggregateid, type, "
+                "payload, headers, traceparent, position, created_at, reason, failed_at) VALUES "
+                "(%s, 'a', '1', 'T', '{}', '{}', '', %s, now(), 'too large', "
+                "now() - interval '400 days')",
+                (event_id, n),
+            )
+        connection.commit()
+
+    def letters() -> set[uuid.UUID]:
+        with empty_database.connect() as connection:
+            return {r[0] for r in connection.execute("SELECT id FROM outbox.outbox_dead_letter")}
+
+    expired = run_outbox("db", "expire", "--dead-letters-days", "1", env=env)
+    assert expired.returncode == 0, expired.stderr
+    assert letters() == set(ids)
+    unsure = run_outbox("relay", "dead-letters", "discard", str(ids[0]), env=env)
+    assert unsure.returncode == 2 and "--yes" in unsure.stderr, unsure.stderr
+    assert letters() == set(ids)
+    unknown = uuid.uuid4()
+    discarded = run_outbox(
+        "relay",
+        "dead-letters",
+        "discard",
+        str(ids[0]),
+        str(ids[1]),
+        str(unknown),
+        "--yes",
+        env=env,
+    )
+    assert "2 dead letter(s) discarded" in discarded.stdout, discarded.stderr
+    assert discarded.returncode == 2 and str(unknown) in discarded.stderr
+    assert letters() == {ids[2]}
 
 
 def test_an_idle_relay_consumes_no_transaction_ids_and_reports_table_sizes(

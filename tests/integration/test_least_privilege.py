@@ -341,3 +341,72 @@ def test_a_publisher_cannot_run_its_own_operators_as_the_table_owner(
             (f"new.{schema}",),
         ).fetchone()
     assert registered == (1,)
+
+
+def test_a_publisher_cannot_plant_a_dedup_key_for_another_service(
+    database: ScratchDatabase,
+) -> None:
+    """Owner and time of a dedup key come from the server (``session_user``, the server's
+    clock), never from the client: a key planted with an empty owner and a far-future time
+    made another service's publish a "duplicate" for good, its event silently dropped."""
+    svc_a = granted_role(database, "svc_a", "--publisher")
+    svc_b = granted_role(database, "svc_b", "--publisher")
+    key, other_key = f"payments:{uuid.uuid4()}", f"payments:{uuid.uuid4()}"
+    try:
+        with connect_as(database, *svc_a) as connection:
+            try:
+                with connection.transaction():
+                    connection.execute(
+                        "INSERT INTO outbox.outbox_dedup (dedup_key, event_id, created_at, owner) "
+                        "VALUES (%s, gen_random_uuid(), '9999-01-01', '')",
+                        (key,),
+                    )
+                planted = True
+            except psycopg.errors.InsufficientPrivilege:
+                planted = False
+        with connect_as(database, *svc_b) as connection, connection.transaction():
+            published = Outbox().publish(
+                connection, Event("payment", "42", "Paid", {}, dedup_key=key)
+            )
+        assert not published.duplicate, "svc_b's event was dropped as a duplicate of svc_a's key"
+        assert not planted, "the client chose the key's owner and time"
+
+        with connect_as(database, *svc_a) as connection:
+            for columns, values in (("owner", "''"), ("created_at", "'9999-01-01'")):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    with connection.transaction():
+                        connection.execute(
+                            f"INSERT INTO outbox.outbox_dedup (dedup_key, event_id, {columns}) "
+                            f"VALUES (%s, gen_random_uuid(), {values})",
+                            (other_key,),
+                        )
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                with connection.transaction():
+                    connection.execute("UPDATE outbox.outbox_dedup SET owner = ''")
+            with connection.transaction():  # what it may write: a key and its event id
+                connection.execute(
+                    "INSERT INTO outbox.outbox_dedup (dedup_key, event_id) "
+                    "VALUES (%s, gen_random_uuid())",
+                    (other_key,),
+                )
+            with connection.transaction():  # a time set by hand: the server's clock wins
+                connection.execute(
+                    "UPDATE outbox.outbox_dedup SET created_at = '9999-01-01' WHERE dedup_key = %s",
+                    (other_key,),
+                )
+        with database.connect() as admin:
+            row = admin.execute(
+                "SELECT owner, created_at <= now() FROM outbox.outbox_dedup WHERE dedup_key = %s",
+                (other_key,),
+            ).fetchone()
+        assert row == (svc_a[0], True), "owner and time are the server's"
+        with connect_as(database, *svc_b) as connection:
+            # A key svc_a holds is refused loudly for svc_b, never a silent "duplicate".
+            with pytest.raises(DedupKeyUnavailableError, match="held by another database role"):
+                with connection.transaction():
+                    Outbox().publish(
+                        connection, Event("payment", "43", "Paid", {}, dedup_key=other_key)
+                    )
+    finally:
+        drop_role(database, svc_a[0])
+        drop_role(database, svc_b[0])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -201,3 +203,141 @@ def test_cli_explains_bad_settings_without_leaking_the_password(
         assert connection.execute(
             "SELECT count(*) FROM pg_namespace WHERE nspname = 'outbox'"
         ).fetchone() == (0,)
+
+
+def test_keys_from_before_the_upgrade_are_read_only_for_publishers(
+    empty_database: ScratchDatabase,
+) -> None:
+    """Keys written before row-level security have no owner (``''``) and, until
+    outbox_0007, any publisher could update or delete them; a client could also write any
+    owner and time. The upgrade leaves them readable (they still deduplicate) but no
+    publisher's to change; converts the grants of publishers granted before it; and brings
+    a time in the future (written by a client) back to now, so that the key expires."""
+    from tests.integration.test_least_privilege import connect_as, drop_role, make_role
+
+    engine = sa.create_engine(empty_database.url)
+    with engine.begin() as connection:
+        outbox_migrations.upgrade(connection, "outbox_0006")
+    role = make_role(empty_database, "old_publisher")
+    try:
+        with empty_database.connect() as admin:
+            admin.execute(  # outbox_0006's grant_publisher on the dedup table
+                f'GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.outbox_dedup TO "{role[0]}"'
+            )
+            admin.execute(
+                "INSERT INTO outbox.outbox_dedup (dedup_key, event_id, created_at, owner) VALUES "
+                "('legacy:1', gen_random_uuid(), now(), ''), "
+                "('planted:1', gen_random_uuid(), '9999-01-01', '')"
+            )
+            admin.commit()
+        with engine.begin() as connection:
+            outbox_migrations.grant_publisher(connection, role[0])  # the rest, as today
+            outbox_migrations.upgrade(connection)
+        with connect_as(empty_database, *role) as connection:
+            assert connection.execute(
+                "SELECT count(*) FROM outbox.outbox_dedup WHERE dedup_key = 'legacy:1'"
+            ).fetchone() == (1,), "a key from before the upgrade is still seen"
+            changed = [
+                connection.execute(statement).rowcount
+                for statement in (
+                    "UPDATE outbox.outbox_dedup SET event_id = gen_random_uuid() WHERE owner = ''",
+                    "DELETE FROM outbox.outbox_dedup WHERE owner = ''",
+                )
+            ]
+            assert changed == [0, 0], "a publisher changed a key from before the upgrade"
+            connection.commit()
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                connection.execute(
+                    "INSERT INTO outbox.outbox_dedup (dedup_key, event_id, owner) "
+                    "VALUES ('mine:1', gen_random_uuid(), '')"
+                )
+            connection.rollback()
+            with connection.transaction():  # the SDK's publish with a key still works
+                first = Outbox().publish(connection, Event("o", "1", "X", {}, dedup_key="k:1"))
+            with connection.transaction():
+                again = Outbox().publish(connection, Event("o", "1", "X", {}, dedup_key="k:1"))
+            assert again.duplicate and again.event_id == first.event_id
+        with empty_database.connect() as admin:
+            assert admin.execute(
+                "SELECT created_at <= now() FROM outbox.outbox_dedup WHERE dedup_key = 'planted:1'"
+            ).fetchone() == (True,), "a key dated in the future would never expire"
+        with engine.begin() as connection:  # and back: the publisher's grants as before
+            outbox_migrations.downgrade(connection, "outbox_0006")
+        with connect_as(empty_database, *role) as connection, connection.transaction():
+            connection.execute(
+                "INSERT INTO outbox.outbox_dedup (dedup_key, event_id, owner) "
+                "VALUES ('mine:2', gen_random_uuid(), '')"
+            )
+            assert Outbox().publish(connection, Event("o", "1", "X", {}, dedup_key="k:2"))
+        with engine.begin() as connection:
+            outbox_migrations.upgrade(connection)
+            assert outbox_migrations.current(connection) == HEAD
+    finally:
+        engine.dispose()
+        drop_role(empty_database, role[0])
+
+
+def test_cli_reads_the_database_url_from_a_file(
+    empty_database: ScratchDatabase, tmp_path: Path
+) -> None:
+    """``--database-url-file``: the URL (and its password) stays out of the process list."""
+    secret = tmp_path / "database-url"
+    secret.write_text(empty_database.url + "\n")
+    secret.chmod(0o600)
+    upgraded = run_outbox("db", "upgrade", "--database-url-file", str(secret), timeout=60)
+    assert upgraded.returncode == 0, upgraded.stderr
+    now = run_outbox("db", "current", "--database-url-file", str(secret), timeout=60)
+    assert now.stdout.strip() == HEAD, now.stderr
+    refused = run_outbox("db", "current", "--database-url", empty_database.url, timeout=60)
+    assert refused.returncode == 2
+    assert "--database-url-file" in refused.stderr and "OUTBOX_DATABASE_URL" in refused.stderr
+    assert empty_database.cluster.password() not in refused.stderr + refused.stdout
+
+
+ALEMBIC_APP = Path(__file__).resolve().parents[2] / "examples" / "alembic_app"
+
+
+def outbox_revision(database: ScratchDatabase) -> str | None:
+    with database.connect() as connection:
+        found = connection.execute(
+            "SELECT to_regclass('outbox.outbox_alembic_version') IS NOT NULL"
+        ).fetchone()
+        if not found or not found[0]:
+            return None
+        row = connection.execute("SELECT version_num FROM outbox.outbox_alembic_version").fetchone()
+        return None if row is None else str(row[0])
+
+
+def test_the_documented_env_py_migrates_the_outbox_on_upgrade_only(
+    empty_database: ScratchDatabase,
+) -> None:
+    """examples/alembic_app (the recipe of docs/application-developers.md): `alembic current`,
+    `history`, `stamp` and `downgrade` leave the outbox alone; `alembic upgrade` migrates the
+    application, then the outbox, on the same connection."""
+
+    def alembic(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "alembic", "-c", str(ALEMBIC_APP / "alembic.ini"), *args],
+            env={**os.environ, "OUTBOX_DATABASE_URL": empty_database.url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    head = ScriptDirectory(str(outbox_migrations.SCRIPT_LOCATION)).get_current_head()
+    alembic("current")
+    assert outbox_revision(empty_database) is None, "`alembic current` migrated the outbox"
+    alembic("upgrade", "head")
+    assert outbox_revision(empty_database) == head
+    assert "app_0001 (head)" in alembic("current")
+    alembic("downgrade", "base")
+    assert outbox_revision(empty_database) == head, "the application's downgrade is its own"
+    with empty_database.connect() as connection:
+        row = connection.execute("SELECT to_regclass('public.orders') IS NULL").fetchone()
+        assert row == (True,)
+    alembic("stamp", "head")
+    alembic("upgrade", "head")  # nothing of the application's left to run: the outbox's ran
+    assert outbox_revision(empty_database) == head

@@ -51,7 +51,6 @@ class Pipeline:
             "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "OUTBOX_LAKE_ROOT": str(lake),
             "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{self.prefix}a",
-            "OUTBOX_RECONCILE_IDLE_SECONDS": "1",
             **extra,
         }
 
@@ -221,6 +220,54 @@ def test_a_record_published_out_of_position_order_is_a_kafka_order_violation(
     assert finding["examples"][0]["event_id"] == str(ids[2])
     assert finding["examples"][0]["after_position"] == 30
     assert report["figures"]["lake_pending_ingest"] == 3  # not ingested: not "missing"
+
+
+def test_a_record_no_reader_can_decode_is_a_finding_with_its_offsets_and_trace_says_so(
+    pipeline: Pipeline,
+) -> None:
+    """Issue 22, item 1: a header name that is not UTF-8 (a batch crafted on the wire) made
+    reconcile and trace crash; now reconcile reads past it and reports it, and trace lists it
+    while it finds the copy after it."""
+    from outbox.core.contract import event_id_of, topic_for
+    from tests.kafka_wire import contract_record, craft_bad_record, own_topic, send
+
+    aggregate_type = pipeline.prefix + "zbad"  # outside the lake's pattern: not ingested
+    topic = topic_for(aggregate_type)
+    pattern = rf"^outbox\.event\.{pipeline.prefix}(a|zbad)"
+    with own_topic(pipeline.bootstrap, topic):
+        good = [contract_record(aggregate_type, n) for n in range(3)]
+        bad_offset = craft_bad_record(pipeline.bootstrap, aggregate_type, good[:2])
+        send(pipeline.bootstrap, good[2:])
+        status, report = pipeline.reconcile(pipeline.lake, OUTBOX_LAKE_TOPIC_PATTERN=pattern)
+        assert status == 1
+        assert kinds(report) == {"kafka_undecodable": 1}
+        (finding,) = report["findings"]
+        assert finding["aggregate_type"] == aggregate_type
+        (example,) = finding["examples"]
+        assert (example["topic"], example["partition"], example["offset"]) == (topic, 0, 1)
+        assert bad_offset == 1 and "is not UTF-8" in example["reason"]
+        assert report["figures"]["kafka_undecodable_records"] == 1
+        assert report["figures"]["kafka_events"] == TOTAL + 3  # read past it, to the end
+        last = str(event_id_of(good[2].headers))
+        traced = run_outbox(
+            "trace",
+            "--json",
+            "--scan-kafka",
+            last,
+            env=pipeline.env(pipeline.lake, OUTBOX_LAKE_TOPIC_PATTERN=pattern),
+        )
+        assert traced.returncode == 0, traced.stderr[-3000:]
+        lineage = json.loads(traced.stdout)
+        assert [(c["topic"], c["offset"]) for c in lineage["kafka"]] == [(topic, 3)]
+        (unread,) = lineage["kafka_undecodable"]
+        assert (unread["topic"], unread["partition"], unread["offset"]) == (topic, 0, 1)
+        human = run_outbox(
+            "trace",
+            "--scan-kafka",
+            last,
+            env=pipeline.env(pipeline.lake, OUTBOX_LAKE_TOPIC_PATTERN=pattern),
+        )
+        assert f"undecodable record {topic}[0]@1: header name" in human.stdout
 
 
 def test_a_row_stuck_in_the_outbox_and_a_dead_letter_are_reported(pipeline: Pipeline) -> None:

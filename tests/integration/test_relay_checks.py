@@ -1,18 +1,23 @@
 """Start-up checks: a broken assumption stops the relay with a message that names the fix;
-``outbox connect status`` reports how much WAL the slot may keep."""
+``outbox connect status`` reports how much WAL the slot may keep, and the relay's ``/metrics``
+exports it live."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import generate_latest
 
 import outbox_migrations
+from outbox_relay.database import libpq_conninfo
+from outbox_relay.metrics import RelayMetrics, SlotWatch
 from tests.cli import run_outbox
 from tests.fix_cdc import CdcPath
 from tests.fix_postgres import ScratchDatabase
-from tests.fix_relay import RelayBench
+from tests.fix_relay import RelayBench, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,3 +119,80 @@ def test_a_role_without_the_lease_is_told_how_to_fix_it(relay_bench: RelayBench)
             connection.execute(f'DROP OWNED BY "{role}"')
             connection.execute(f'DROP ROLE "{role}"')
             connection.commit()
+
+
+@pytest.fixture
+def slot_database(empty_database: ScratchDatabase) -> Iterator[tuple[ScratchDatabase, str, str]]:
+    """A migrated database with a logical slot nobody reads (a stopped connector's), WAL
+    written after it, and the relay's role: (database, slot, the relay role's URL)."""
+    slot = f"test_slot_{uuid.uuid4().hex[:8]}"
+    role, password = f"relay_{uuid.uuid4().hex[:8]}", "r-42"
+    engine = sa.create_engine(empty_database.url)
+    with engine.begin() as connection:
+        outbox_migrations.upgrade(connection)
+        outbox_migrations.create_relay_role(connection, role, password)
+    engine.dispose()
+    with empty_database.connect(autocommit=True) as connection:
+        connection.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        connection.execute(
+            "CREATE TABLE wal_filler AS "
+            "SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 20000) g"
+        )
+    cluster = empty_database.cluster
+    url = f"postgresql+psycopg://{role}:{password}@127.0.0.1:{cluster.port}/{empty_database.name}"
+    try:
+        yield empty_database, slot, url
+    finally:
+        with empty_database.connect(autocommit=True) as connection:
+            connection.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            connection.execute(f'DROP OWNED BY "{role}"')
+            connection.execute(f'DROP ROLE "{role}"')
+
+
+def sample(text: str, line_start: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_the_relay_exports_the_wal_each_slot_retains_and_its_status(
+    slot_database: tuple[ScratchDatabase, str, str],
+) -> None:
+    """Read as the relay's own role (no grant needed), on a connection of its own: the WAL the
+    stopped connector's slot keeps, inactive, wal_status reserved."""
+    _, slot, url = slot_database
+    watch = SlotWatch(libpq_conninfo(url))
+    try:
+        watch.refresh()
+        text = generate_latest(RelayMetrics(slots=watch.latest).registry).decode()
+    finally:
+        watch.close()
+    retained = sample(text, f'outbox_relay_slot_retained_wal_bytes{{slot="{slot}"}}')
+    assert retained is not None and retained > 2_000_000, text
+    assert sample(text, f'outbox_relay_slot_active{{slot="{slot}"}}') == 0
+    assert sample(text, f'outbox_relay_slot_wal_status{{slot="{slot}",status="reserved"}}') == 1
+    assert sample(text, f'outbox_relay_slot_wal_status{{slot="{slot}",status="lost"}}') == 0
+    assert sample(text, "outbox_relay_slot_read_ok") == 1
+
+
+def test_outbox_relay_run_serves_the_slot_metrics(relay_bench: RelayBench) -> None:
+    """The command wires the watch in: every replica exports the slots, leader or not."""
+    slot = f"test_slot_{uuid.uuid4().hex[:8]}"
+    with relay_bench.database.connect(autocommit=True) as connection:
+        connection.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    try:
+        relay = relay_bench.process()
+        wait_until(
+            lambda: (
+                relay.metric(f'outbox_relay_slot_wal_status{{slot="{slot}",status="reserved"}}')
+                == 1
+            ),
+            timeout=60,
+            what=f"/metrics exports the slot {slot}",
+        )
+        assert relay.metric("outbox_relay_slot_read_ok") == 1
+        assert relay.terminate() == 0
+    finally:
+        with relay_bench.database.connect(autocommit=True) as connection:
+            connection.execute("SELECT pg_drop_replication_slot(%s)", (slot,))

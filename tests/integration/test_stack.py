@@ -230,7 +230,7 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         started = after_eval("up")
         assert started.returncode == 0, started.stderr[-3000:]
         assert all(line.running for line in stack.status()), "up started all three"
-        assert [r.value for r in read_count(stack.bootstrap_servers, topic, 1)] == [b"kept"]  # type: ignore[attr-defined]
+        assert [r.value for r in read_count(stack.bootstrap_servers, topic, 1)] == [b"kept"]
 
         stopped = outbox("down")
         assert stopped.returncode == 0

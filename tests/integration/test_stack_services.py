@@ -28,8 +28,8 @@ def test_the_broker_takes_idempotent_writes_with_headers(kafka_services: KafkaSe
     finally:
         producer.close()
     records = read_count(kafka_services.bootstrap_servers, topic, 10)
-    assert [record.value for record in records] == [str(n).encode() for n in range(10)]  # type: ignore[attr-defined]
-    assert all(record.headers == [("id", b"x")] for record in records)  # type: ignore[attr-defined]
+    assert [record.value for record in records] == [str(n).encode() for n in range(10)]
+    assert all(record.headers == [("id", b"x")] for record in records)
 
 
 def test_a_paused_broker_loses_nothing(kafka_services: KafkaServices) -> None:
@@ -59,7 +59,7 @@ def test_a_paused_broker_loses_nothing(kafka_services: KafkaServices) -> None:
     finally:
         producer.close()
     records = read_count(kafka_services.bootstrap_servers, topic, 100)
-    assert sorted(int(record.value) for record in records) == list(range(100))  # type: ignore[attr-defined]
+    assert sorted(int(record.value) for record in records) == list(range(100))
 
 
 def test_connect_runs_debeziums_connector_and_event_router(kafka_services: KafkaServices) -> None:

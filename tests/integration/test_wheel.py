@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pytest
 from alembic.script import ScriptDirectory
 
 from outbox_migrations import SCRIPT_LOCATION, VERSION_TABLE
+from tests.docs_blocks import blocks
 from tests.fix_postgres import ScratchDatabase
 from tests.sources import PACKAGES, ROOT, libraries, modules
 
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.timeout(600)
 
 EXTRAS = "relay,lake,stack"
 DISTRIBUTION = "outbox-relay"
+PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 # What setuptools needs to build the wheel: the project file, its readme, the package folders.
 BUILD_INPUTS = [
     "pyproject.toml",
@@ -99,25 +102,42 @@ def build_wheel(into: Path, installed: Installed) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed() -> Iterator[Installed]:
+def wheel() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="outbox-wheel-build-") as folder:
+        yield build_wheel(Path(folder), Installed(Path(folder)))
+
+
+def install(wheel: Path, extras: str | None) -> Iterator[Installed]:
+    """The wheel (with ``extras``; None: the base only) in a fresh virtual environment."""
     with tempfile.TemporaryDirectory(prefix="outbox-wheel-") as folder:
         root = Path(folder)
         assert not root.is_relative_to(ROOT)
         installed = Installed(root)
         started = time.monotonic()
-        wheel = build_wheel(root, installed)
         installed.run(sys.executable, "-m", "venv", installed.venv, timeout=120)
+        requirement = f"{wheel}[{extras}]" if extras else str(wheel)
         installed.run(
             installed.venv / "bin" / "python",
             "-m",
             "pip",
             "install",
             "-q",
-            f"{wheel}[{EXTRAS}]",
+            requirement,
             timeout=420,
         )
-        print(f"wheel built and installed in {time.monotonic() - started:.0f} s")
+        print(f"wheel ({extras or 'no extra'}) installed in {time.monotonic() - started:.0f} s")
         yield installed
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path) -> Iterator[Installed]:
+    yield from install(wheel, EXTRAS)
+
+
+@pytest.fixture(scope="module")
+def installed_base(wheel: Path) -> Iterator[Installed]:
+    """The wheel without any extra: what docs/quickstart.md installs for the SDK alone."""
+    yield from install(wheel, None)
 
 
 def test_the_command_runs_from_anywhere(installed: Installed) -> None:
@@ -191,3 +211,38 @@ def test_the_wheel_installs_only_outbox_and_outbox_packages(installed: Installed
     assert tops >= set(PACKAGES)
     scripts = [file for file in files if file.startswith("../")]
     assert [Path(file).name for file in scripts] == ["outbox"], scripts
+
+
+def test_the_base_install_prints_its_version_and_names_a_missing_extra(
+    installed_base: Installed,
+) -> None:
+    outbox = installed_base.venv / "bin" / "outbox"
+    version = installed_base.run(outbox, "--version").stdout
+    assert version.strip() == f"{DISTRIBUTION} {PROJECT_VERSION}"
+    result = subprocess.run(
+        [str(outbox), "relay", "dead-letters", "list"],
+        cwd=installed_base.elsewhere,
+        env={**installed_base.env, "OUTBOX_DATABASE_URL": "postgresql://u@127.0.0.1:1/x"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "error: `outbox relay dead-letters list` needs the relay extra (kafka is not "
+        "installed): pip install 'outbox-relay[relay]' (from a clone: pip install -e "
+        "'.[relay]')"
+    ]
+
+
+def test_the_quickstart_runs_on_the_base_install(
+    installed_base: Installed, empty_database: ScratchDatabase
+) -> None:
+    """docs/quickstart.md, step by step, with the wheel alone: migrate with the CLI, then
+    its program (the SDK needs no extra)."""
+    env = {"OUTBOX_DATABASE_URL": empty_database.url}
+    installed_base.run(installed_base.venv / "bin" / "outbox", "db", "upgrade", env=env)
+    program = next(block.code for block in blocks("docs/quickstart.md") if block.kind == "python")
+    printed = installed_base.python(program, env=env)
+    assert "waits at position" in printed

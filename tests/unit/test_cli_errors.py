@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import typer
@@ -45,6 +46,8 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["db", "current"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "expire"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "grant", "app", "--publisher"], NO_DATABASE, UNREACHABLE_DATABASE),
+    (["db", "register-types", "order"], NO_DATABASE, UNREACHABLE_DATABASE),
+    (["db", "register-types", "--from-kafka"], BAD_KAFKA, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
     (
         ["db", "cdc-role"],
         {**NO_DATABASE, "OUTBOX_CONNECT_DATABASE_PASSWORD": "x"},
@@ -56,6 +59,17 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
         UNREACHABLE_DATABASE,
     ),
     (["db", "current"], {"OUTBOX_SCHEMA_NAME": "x;y", **NO_DATABASE}, "OUTBOX_SCHEMA_NAME"),
+    # SQLAlchemy reads postgresql:// as psycopg2 (not installed): the setting means psycopg 3.
+    (
+        ["db", "current"],
+        {"OUTBOX_DATABASE_URL": f"postgresql://u:s3cret-pw@127.0.0.1:{CLOSED}/x"},
+        UNREACHABLE_DATABASE,
+    ),
+    (
+        ["db", "current", "--database-url", f"postgresql://u@127.0.0.1:{CLOSED}/x"],
+        {},
+        UNREACHABLE_DATABASE,
+    ),
     (["connect", "apply"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
     (["connect", "status"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
     (["connect", "status"], {"OUTBOX_CONNECT_URL": f"http://127.0.0.1:{CLOSED}"}, "reached"),
@@ -64,6 +78,7 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["relay", "health"], {"OUTBOX_RELAY_HTTP_PORT": "port"}, "OUTBOX_RELAY_HTTP_PORT"),
     (["relay", "dead-letters", "list"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["relay", "dead-letters", "retry", "--all"], NO_DATABASE, UNREACHABLE_DATABASE),
+    (["relay", "dead-letters", "discard", EVENT, "--yes"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["lake", "ingest"], BAD_KAFKA, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
     (["lake", "ingest"], BAD_LAKE, "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH"),
     (["lake", "tables"], BAD_LAKE, "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH"),
@@ -164,3 +179,51 @@ def test_a_long_message_is_cut_to_one_line_and_the_command_exits_2() -> None:
     [line] = result.stderr.splitlines()
     assert line.startswith("error: the job stopped; see job.log: a log line a log line")
     assert line.endswith("(--verbose shows it all)") and len(line) <= 600
+
+
+PASSWORD_URLS = [
+    f"postgresql+psycopg://u:s3cret-pw@127.0.0.1:{CLOSED}/x",
+    f"postgresql+psycopg://u@127.0.0.1:{CLOSED}/x?password=s3cret-pw",
+]
+
+
+@pytest.mark.parametrize("url", PASSWORD_URLS, ids=["in the authority", "in the query"])
+@pytest.mark.parametrize(
+    "command", [["db", "current"], ["db", "expire"], ["effects", "list"]], ids=" ".join
+)
+@pytest.mark.usefixtures("clean_environment")
+def test_a_password_on_the_command_line_is_refused_with_the_fix(
+    command: list[str], url: str
+) -> None:
+    """Every user of the machine can read a process's arguments (``ps``): a URL with its
+    password there is refused before anything connects, and the line says what to use."""
+    result = CliRunner().invoke(app, [*command, "--database-url", url])
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert "--database-url" in line and "password" in line
+    assert "OUTBOX_DATABASE_URL" in line and "--database-url-file" in line
+    assert "s3cret-pw" not in result.stderr + result.stdout
+    assert UNREACHABLE_DATABASE not in line, "it connected first"
+
+
+@pytest.mark.usefixtures("clean_environment")
+def test_a_database_url_without_a_password_may_be_given_on_the_command_line(
+    tmp_path: Path,
+) -> None:
+    """(peer or ``.pgpass`` authentication): it is used, as is a URL read from a file."""
+    url = f"postgresql+psycopg://u@127.0.0.1:{CLOSED}/x"
+    result = CliRunner().invoke(app, ["db", "current", "--database-url", url])
+    assert result.exit_code == 2 and UNREACHABLE_DATABASE in result.stderr, result.stderr
+    secret = tmp_path / "database-url"
+    secret.write_text(f"postgresql+psycopg://u:s3cret-pw@127.0.0.1:{CLOSED}/x\n")
+    result = CliRunner().invoke(app, ["db", "current", "--database-url-file", str(secret)])
+    assert result.exit_code == 2 and UNREACHABLE_DATABASE in result.stderr, result.stderr
+    assert "s3cret-pw" not in result.stderr + result.stdout
+    both = CliRunner().invoke(
+        app, ["db", "current", "--database-url", url, "--database-url-file", str(secret)]
+    )
+    assert both.exit_code == 2 and "not both" in both.stderr, both.stderr
+    missing = CliRunner().invoke(
+        app, ["db", "current", "--database-url-file", str(tmp_path / "none")]
+    )
+    assert missing.exit_code == 2 and "none" in missing.stderr, missing.stderr

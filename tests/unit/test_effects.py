@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Generator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from outbox.core.effect_statements import EffectStatements
 from outbox.core.effects import (
     BEGIN,
     COMMIT,
+    DEFAULT_MAX_WAIT,
+    DEFAULT_SETTLE_AFTER,
     Call,
     EffectOutcome,
     Instruction,
@@ -21,8 +24,10 @@ from outbox.core.effects import (
     LookupAnswer,
     Move,
     StepState,
+    Wait,
     idempotency_key,
     move_after_lookup,
+    move_after_not_found,
     next_move,
     perform_step,
 )
@@ -34,7 +39,13 @@ STATEMENTS = EffectStatements(OutboxTables())
 EVENT = "0195f3c2-0000-7000-8000-000000000001"
 
 
-def operation(*, can_look_up: bool = False) -> Generator[Instruction, Any, EffectOutcome]:
+SETTLE = timedelta(seconds=30)
+STARTED_AT = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)  # the attempt's start, as the database says
+
+
+def operation(
+    *, can_look_up: bool = False, max_wait: timedelta = timedelta(seconds=30)
+) -> Generator[Instruction, Any, EffectOutcome]:
     return perform_step(
         STATEMENTS,
         consumer="payments",
@@ -42,6 +53,8 @@ def operation(*, can_look_up: bool = False) -> Generator[Instruction, Any, Effec
         effect="charge",
         context_json='{"amount": 5}',
         can_look_up=can_look_up,
+        settle_after=SETTLE,
+        max_wait=max_wait,
     )
 
 
@@ -63,9 +76,11 @@ def run(
                 seen.append(_statement_name(instruction.sql))
             elif isinstance(instruction, Call | Lookup):
                 seen.append(type(instruction).__name__.lower())
+            elif isinstance(instruction, Wait):
+                seen.append(f"wait {instruction.seconds:g}")
             else:
                 seen.append(instruction.value)
-            if instruction in (BEGIN, COMMIT):
+            if instruction in (BEGIN, COMMIT) or isinstance(instruction, Wait):
                 instruction = op.send(None)
                 continue
             reply = answers.pop(0)
@@ -84,8 +99,12 @@ def _statement_name(sql: str) -> str:
     raise AssertionError(f"unexpected statement {sql}")
 
 
-def locked(state: str, attempt: int, reference: str | None = None) -> list[tuple[Any, ...]]:
-    return [(state, attempt, reference, None, {"amount": 5})]
+def locked(
+    state: str, attempt: int, reference: str | None = None, *, age: float = 3600
+) -> list[tuple[Any, ...]]:
+    """``lock_step``'s row: the attempt began ``age`` seconds before the database's now."""
+    now = STARTED_AT + timedelta(seconds=age)
+    return [(state, attempt, reference, None, {"amount": 5}, STARTED_AT, now)]
 
 
 def test_a_new_step_is_committed_as_started_before_the_call_and_done_after() -> None:
@@ -98,30 +117,35 @@ def test_a_new_step_is_committed_as_started_before_the_call_and_done_after() -> 
     assert outcome.step.context == {"amount": 5} and outcome.step.attempt == 1
 
 
+def read(state: str, attempt: int, reference: str | None = None) -> list[tuple[Any, ...]]:
+    """``read_step``'s row."""
+    return [(state, attempt, reference, None, {"amount": 5})]
+
+
 def test_a_done_step_is_skipped() -> None:
-    seen, outcome = run(operation(), [locked("done", 1, "pay-1")])
+    seen, outcome = run(operation(), [read("done", 1, "pay-1")])
     assert seen == ["begin", "read_step", "commit"]  # nothing written, nothing locked
     assert outcome.done and not outcome.called
     assert outcome.reference == "pay-1"
 
 
 def test_a_cut_short_step_without_lookup_is_parked_not_called() -> None:
-    seen, outcome = run(operation(), [locked("started", 1), locked("started", 1), [(1,)]])
+    seen, outcome = run(operation(), [read("started", 1), locked("started", 1), [(1,)]])
     assert seen[-2:] == ["park_step", "commit"] and "call" not in seen
     assert outcome.needs_decision and str(outcome.step.idempotency_key) in outcome.reason
 
 
 def test_a_lookup_that_found_it_marks_it_done_without_calling() -> None:
-    answers = [locked("started", 1), locked("started", 1), LookupAnswer.happened("pay-9"), [(1,)]]
+    answers = [read("started", 1), locked("started", 1), LookupAnswer.happened("pay-9"), [(1,)]]
     seen, outcome = run(operation(can_look_up=True), answers)
     assert "call" not in seen and "lookup" in seen
     assert outcome.done and outcome.reference == "pay-9" and not outcome.called
 
 
-def test_a_lookup_that_did_not_find_it_starts_a_new_attempt_then_calls() -> None:
+def test_a_lookup_that_did_not_find_a_settled_attempt_starts_a_new_one_then_calls() -> None:
     answers = [
-        locked("started", 1), locked("started", 1), LookupAnswer.not_happened(), [(2,)],
-        locked("started", 2), "pay-2", [(1,)],
+        read("started", 1), locked("started", 1), LookupAnswer.not_happened(), [(2,)],
+        locked("started", 2, age=0), "pay-2", [(1,)],
     ]  # fmt: skip
     seen, outcome = run(operation(can_look_up=True), answers)
     restart = seen.index("restart_step")
@@ -147,7 +171,7 @@ def test_another_error_from_the_call_leaves_the_step_started() -> None:
 
 def test_a_lookup_must_answer_with_a_lookup_answer() -> None:
     with pytest.raises(EffectError, match=r"LookupAnswer\.happened"):
-        run(operation(can_look_up=True), [locked("started", 1), locked("started", 1), "pay-1"])
+        run(operation(can_look_up=True), [read("started", 1), locked("started", 1), "pay-1"])
 
 
 def test_the_move_table() -> None:
@@ -214,8 +238,7 @@ def test_bad_step_names_are_refused_by_name(
 
 
 def test_a_lookup_that_raises_parks_the_step_with_the_error() -> None:
-    started = locked("started", 1)
-    answers = [started, started, ConnectionError("provider down"), [(1,)]]
+    answers = [read("started", 1), locked("started", 1), ConnectionError("provider down"), [(1,)]]
     seen, outcome = run(operation(can_look_up=True), answers)
     assert "call" not in seen and seen[-2:] == ["park_step", "commit"]
     assert outcome.needs_decision and "ConnectionError: provider down" in outcome.reason
@@ -226,3 +249,129 @@ def test_a_parked_step_is_returned_as_it_is_without_a_lock() -> None:
     seen, outcome = run(operation(can_look_up=True), [parked])
     assert seen == ["begin", "read_step", "commit"]
     assert outcome.needs_decision and outcome.reason == "cut short"
+
+
+def test_a_not_found_before_the_attempt_settled_waits_then_asks_again() -> None:
+    """Issue 22: a call that timed out may still land: "not found" 5 s after it is no proof."""
+    answers = [
+        read("started", 1), locked("started", 1, age=5), LookupAnswer.not_happened(),
+        locked("started", 1, age=30.2), LookupAnswer.happened("pay-late"), [(1,)],
+    ]  # fmt: skip
+    seen, outcome = run(operation(can_look_up=True), answers)
+    assert seen == [
+        "begin", "read_step", "commit",
+        "begin", "lock_step", "lookup", "commit", "wait 25",  # the lock is let go to wait
+        "begin", "lock_step", "lookup", "mark_done", "commit",
+    ]  # fmt: skip
+    assert outcome.done and not outcome.called and outcome.reference == "pay-late"
+
+
+def test_a_not_found_after_the_wait_calls_again() -> None:
+    answers = [
+        read("started", 1), locked("started", 1, age=29), LookupAnswer.not_happened(),
+        locked("started", 1, age=30), LookupAnswer.not_happened(), [(2,)],
+        locked("started", 2, age=0), "pay-2", [(1,)],
+    ]  # fmt: skip
+    seen, outcome = run(operation(can_look_up=True), answers)
+    assert seen.count("wait 1") == 1 and seen.count("call") == 1
+    assert seen.index("call") > seen.index("restart_step") > seen.index("wait 1")
+    assert outcome.called and outcome.step.attempt == 2
+
+
+def test_a_not_found_too_long_before_settling_parks_the_step_with_when_to_ask() -> None:
+    answers = [read("started", 1), locked("started", 1, age=5), LookupAnswer.not_happened(), [(1,)]]
+    seen, outcome = run(operation(can_look_up=True, max_wait=timedelta(seconds=10)), answers)
+    assert "call" not in seen and "restart_step" not in seen and not any("wait" in s for s in seen)
+    assert seen[-2:] == ["park_step", "commit"] and outcome.needs_decision
+    assert outcome.reason is not None and "settle time (30 s)" in outcome.reason
+    assert (STARTED_AT + SETTLE).isoformat() in outcome.reason
+    assert str(outcome.step.idempotency_key) in outcome.reason
+
+
+def test_the_settle_decision() -> None:
+    start = STARTED_AT
+    wait = timedelta(seconds=10)
+    after = move_after_not_found
+    assert after(start, start + SETTLE, SETTLE, wait).move is Move.RESTART  # settled
+    assert after(start, start + timedelta(days=3), SETTLE, wait).move is Move.RESTART
+    soon = after(start, start + timedelta(seconds=25), SETTLE, wait)
+    assert soon.move is Move.WAIT and soon.wait == timedelta(seconds=5)
+    assert after(start, start + timedelta(seconds=20), SETTLE, wait).move is Move.WAIT
+    assert after(start, start + timedelta(seconds=19), SETTLE, wait).move is Move.PARK
+    assert after(start, start, SETTLE, timedelta(0)).move is Move.PARK  # never waits
+    assert after(start, start - timedelta(seconds=1), SETTLE, SETTLE).move is Move.PARK  # clock
+    assert DEFAULT_MAX_WAIT >= DEFAULT_SETTLE_AFTER  # by default a retry waits, never parks
+
+
+@given(
+    started=st.datetimes(timezones=st.just(UTC)),
+    elapsed=st.timedeltas(timedelta(seconds=-60), timedelta(days=40)),
+    settle=st.timedeltas(timedelta(microseconds=1), timedelta(days=30)),
+    max_wait=st.timedeltas(timedelta(0), timedelta(hours=1)),
+)
+def test_a_not_found_is_acted_on_only_once_the_attempt_has_settled(
+    started: datetime, elapsed: timedelta, settle: timedelta, max_wait: timedelta
+) -> None:
+    settling = move_after_not_found(started, started + elapsed, settle, max_wait)
+    assert settling.move in (Move.RESTART, Move.WAIT, Move.PARK)
+    if settling.move is Move.RESTART:
+        assert elapsed >= settle
+    if settling.move is Move.WAIT:
+        assert timedelta(0) < settling.wait <= max_wait and elapsed + settling.wait == settle
+
+
+@pytest.mark.parametrize(
+    ("settle_after", "max_wait", "field"),
+    [
+        (timedelta(0), timedelta(0), "settle_after"),
+        (30, timedelta(0), "settle_after"),
+        (timedelta(days=31), timedelta(0), "settle_after"),
+        (SETTLE, timedelta(seconds=-1), "max_wait"),
+        (SETTLE, timedelta(hours=2), "max_wait"),
+        (SETTLE, 5.0, "max_wait"),
+    ],
+)
+def test_a_bad_settle_time_or_wait_is_refused_by_name(
+    settle_after: Any, max_wait: Any, field: str
+) -> None:
+    op = perform_step(
+        STATEMENTS,
+        consumer="payments",
+        event_id=EVENT,
+        effect="charge",
+        context_json="null",
+        can_look_up=True,
+        settle_after=settle_after,
+        max_wait=max_wait,
+    )
+    with pytest.raises(EffectError, match=f"{field}=.*timedelta"):
+        next(op)
+
+
+def test_done_steps_are_kept_as_long_as_dead_letters_and_inbox_claims(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 22: done steps went after 7 days while dead letters stay 30: a late replay of a
+    dead letter called the third party again. One is derived from the other now."""
+    from outbox.effects import Effects
+    from outbox.settings import OutboxSettings
+
+    settings = OutboxSettings()
+    assert settings.dead_letter_retention == timedelta(days=30)
+    assert settings.effect_retention >= settings.dead_letter_retention
+    assert settings.effect_retention >= settings.inbox_retention
+    monkeypatch.setenv("OUTBOX_DEAD_LETTER_RETENTION", "P90D")
+    monkeypatch.setenv("OUTBOX_INBOX_RETENTION", "86400")
+    assert OutboxSettings().effect_retention == timedelta(days=90)
+    monkeypatch.setenv("OUTBOX_INBOX_RETENTION", str(100 * 86400))
+    assert OutboxSettings().effect_retention == timedelta(days=100)
+    monkeypatch.setenv("OUTBOX_DEAD_LETTER_RETENTION", "0")
+    with pytest.raises(ValueError, match="dead_letter_retention"):
+        OutboxSettings()
+
+    def no_transaction() -> Any:
+        raise AssertionError("refused before any transaction")
+
+    ledger = Effects(consumer="payments", begin=no_transaction, settings=settings)
+    with pytest.raises(EffectError, match="OUTBOX_DEAD_LETTER_RETENTION"):
+        ledger.delete_expired(older_than=timedelta(days=7))

@@ -47,7 +47,7 @@ def test_invalid_fields_are_named(fields: dict[str, object], named: str) -> None
 
 
 def test_a_valid_event_keeps_its_fields() -> None:
-    event_id = uuid.uuid4()
+    event_id = new_event_id()
     event = Event(
         "order.v2",
         "42",
@@ -63,3 +63,29 @@ def test_a_valid_event_keeps_its_fields() -> None:
         event_id,
         {"tenant": "acme"},
     )
+
+
+@pytest.mark.parametrize(
+    "event_id",
+    [
+        uuid.uuid4(),
+        uuid.uuid1(),
+        uuid.UUID(int=0),
+        # Version 7 in its version bits, but not of RFC 9562's variant.
+        uuid.UUID("0190c5a8-9c1e-7000-c000-000000000000"),
+    ],
+    ids=["v4", "v1", "nil", "v7-bits-other-variant"],
+)
+def test_an_event_id_that_is_not_uuid7_is_refused_with_the_fix(event_id: uuid.UUID) -> None:
+    """Consumers sort nothing by it, but the lake dates each event by its id's time: a
+    UUIDv4 would land on 1970-01-01 (and outside every ``reconcile --since`` window)."""
+    with pytest.raises(EventError, match=r"event_id=.*UUIDv7.*new_event_id\(\)"):
+        Event("order", "42", "OrderPlaced", {}, event_id=event_id)
+
+
+def test_a_uuid7_from_elsewhere_is_accepted() -> None:
+    """Any generator's version 7 will do, not only ours (here: uuid_utils' own type)."""
+    import uuid_utils
+
+    foreign = uuid.UUID(str(uuid_utils.uuid7()))
+    assert Event("order", "42", "OrderPlaced", {}, event_id=foreign).event_id == foreign

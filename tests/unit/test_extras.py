@@ -25,6 +25,8 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Which extra each part needs; every other module of the wheel needs the base only.
 EXTRA_OF = {
     "outbox/consumer.py": "relay",
+    "outbox/kafka_reading.py": "relay",
+    "outbox/_lenient_records.py": "relay",
     "outbox/effect_metrics.py": "relay",
     "examples/outbox_examples/shipping_service.py": "relay",
     "examples/outbox_examples/payment_effects.py": "relay",
@@ -148,3 +150,53 @@ def test_the_relay_extra_gives_kafka_python_its_c_checksum() -> None:
     assert util.calc_crc32c.__defaults__[0] is not util.crc32c_py, (
         "kafka-python falls back to its pure-Python CRC-32C: install the relay extra"
     )
+
+
+def test_the_cli_names_the_smallest_extra_of_every_library_an_extra_adds() -> None:
+    """A command whose extra is missing names it (``outbox_cli._common.EXTRA_OF_LIBRARY``):
+    every library the extras' modules import and the base does not install is there, with the
+    smallest extra that installs it."""
+    from outbox_cli._common import EXTRA_OF_LIBRARY
+
+    order: list[str | None] = [None, "relay", "lake", "stack"]
+    provided_by = providers()
+    wrong = []
+    for extra in order[1:]:
+        files = [path for path in wheel_sources() if extra_of(path) == extra]
+        for name, path in third_party_imports(files, extra).items():
+            dists = provided_by.get(name, set())
+            smallest = next(e for e in order if dists & installed_with(e))
+            if smallest is not None and EXTRA_OF_LIBRARY.get(name) != smallest:
+                wrong.append(f"{name} ({path.relative_to(ROOT)}): {smallest}")
+    assert not wrong, f"EXTRA_OF_LIBRARY should name: {wrong}"
+    for name, extra in EXTRA_OF_LIBRARY.items():
+        dists = provided_by.get(name, set())
+        assert dists, f"{name}: no installed distribution provides it"
+        smallest = next(e for e in order if dists & installed_with(e))
+        assert smallest == extra, f"EXTRA_OF_LIBRARY[{name!r}] should be {smallest}"
+
+
+def test_the_installation_page_names_the_extra_of_every_command() -> None:
+    """docs/installation.md's table of commands: each top-level command of `outbox`, with the
+    extra its module needs (as EXTRA_OF says, which the tests above check)."""
+    import typer.main
+
+    from outbox_cli.main import app
+
+    command = typer.main.get_command(app)
+    names = set(getattr(command, "commands", {}))
+    module_of = {"reconcile": "reconcile", "trace": "reconcile"}
+    expected = {
+        name: extra_of(ROOT / "cli" / "outbox_cli" / f"{module_of.get(name, name)}.py") or "none"
+        for name in names
+    }
+    page = (ROOT / "docs" / "installation.md").read_text()
+    table = page.split("## Commands and the extra each needs", 1)[1].split("\n\n")[1]
+    documented: dict[str, str] = {}
+    for line in table.splitlines()[2:]:
+        first, extra = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        for name in re.findall(r"`outbox ([a-z-]+)", first):
+            documented[name] = extra.split()[0].strip("`")
+    documented.pop("--help", None)
+    documented.pop("--version", None)
+    assert documented == expected

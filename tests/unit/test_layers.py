@@ -37,9 +37,21 @@ def test_nothing_imports_the_cli_and_the_sdk_imports_no_floor_above_it() -> None
     assert not offenders, sorted(offenders)
 
 
+def test_the_sdk_imports_kafka_only_inside_functions() -> None:
+    """kafka-python is the ``relay`` extra's: importing any SDK module (outbox.consumer,
+    outbox.kafka_reading...) must work without it, and load it only when a reader is built."""
+    offenders = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sources("outbox")
+        for name in imports_of(path, at_runtime=True, on_import=True)
+        if name.split(".")[0] == "kafka"
+    }
+    assert not offenders, sorted(offenders)
+
+
 def test_importing_the_sdk_and_the_contract_loads_no_database_kafka_or_spark_library() -> None:
     probe = (
-        "import sys, outbox, outbox.core.contract, outbox_lake.records\n"
+        "import sys, outbox, outbox.core.contract, outbox.core.kafka_record, outbox_lake.records\n"
         "heavy = ('sqlalchemy', 'psycopg', 'pydantic_settings', 'kafka', 'pyspark', 'deltalake')\n"
         "print(','.join(m for m in heavy if m in sys.modules))\n"
     )

@@ -1,5 +1,6 @@
-"""The shipped alert rules and dashboard (monitoring/): they parse, and every metric they name
-is one the project exports (the relay's, the lake job's and reconcile's registries)."""
+"""The shipped alert rules and dashboard (monitoring/): they parse, every metric they name is
+one the project exports (the relay's, the lake job's and reconcile's registries), and the
+dashboard shows every metric an alert watches."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib
 import inspect
 import json
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "monitoring" / "outbox-alerts.yml"
 DASHBOARD = ROOT / "monitoring" / "outbox-dashboard.json"
 GUIDE = ROOT / "docs" / "verifying-delivery.md"
+# Pages an alert's runbook may point to (an anchor of one of their headings).
+RUNBOOK_PAGES = ("docs/verifying-delivery.md", "docs/operations.md")
 
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -83,19 +87,22 @@ def test_the_rules_parse_and_each_is_complete() -> None:
     names = [rule["alert"] for rule in rules()]
     assert len(names) == len(set(names)), "alert names must be unique"
     anchors = {
-        re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-        for line in GUIDE.read_text().splitlines()
-        if line.startswith("#")
+        page: {
+            re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in (ROOT / page).read_text().splitlines()
+            if line.startswith("#")
+        }
+        for page in RUNBOOK_PAGES
     }
     for rule in rules():
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
         assert re.fullmatch(r"Outbox[A-Za-z]+", rule["alert"])
         assert rule["labels"]["severity"] in {"warning", "critical"}
         assert rule["annotations"]["summary"]
-        assert "for" not in rule or re.fullmatch(r"\d+[smh]", rule["for"])
+        assert "for" not in rule or re.fullmatch(r"\d+[smhd]", rule["for"])
         page, _, anchor = rule["annotations"]["runbook"].partition("#")
-        assert page == "docs/verifying-delivery.md"
-        assert anchor in anchors, f"{rule['alert']}: no heading #{anchor} in {GUIDE.name}"
+        assert page in RUNBOOK_PAGES, rule["alert"]
+        assert anchor in anchors[page], f"{rule['alert']}: no heading #{anchor} in {page}"
 
 
 @pytest.mark.parametrize("expression", all_expressions())
@@ -159,3 +166,35 @@ def test_every_lake_metric_named_exists_in_lake_metrics() -> None:
         f"named in monitoring/ but not exported by outbox_lake.metrics: {sorted(lake - known)}; "
         f"it exports {sorted(known)}"
     )
+
+
+def test_the_dashboard_shows_every_metric_an_alert_watches() -> None:
+    """An alert that fires sends someone to the dashboard: what it watches must be there."""
+    alerted = set().union(*(named_metrics(rule["expr"]) for rule in rules()))
+    shown = set().union(*(named_metrics(e) for e in dashboard_expressions()))
+    assert alerted - shown == set(), f"no dashboard panel shows: {sorted(alerted - shown)}"
+
+
+def test_the_relay_watches_the_slots_live_and_alerts_use_it() -> None:
+    """Retained WAL fills the disk within hours: it is alerted from the relay's live metric,
+    not only from the nightly reconcile."""
+    by_name = {rule["alert"]: rule["expr"] for rule in rules()}
+    assert "outbox_relay_slot_retained_wal_bytes" in by_name["OutboxSlotRetainsWal"]
+    assert any("outbox_relay_slot_wal_status" in expr for expr in by_name.values())
+
+
+def test_unreadable_slots_are_reported_without_failing_the_scrape() -> None:
+    """PostgreSQL unreachable: the scrape answers, ``outbox_relay_slot_read_ok`` is 0."""
+    from prometheus_client import generate_latest
+
+    from outbox_relay.metrics import SlotWatch
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = int(probe.getsockname()[1])
+    watch = SlotWatch(f"host=127.0.0.1 port={closed} dbname=x user=x connect_timeout=2")
+    watch.refresh()
+    text = generate_latest(RelayMetrics(slots=watch.latest).registry).decode()
+    watch.close()
+    assert "outbox_relay_slot_read_ok 0.0" in text
+    assert "outbox_relay_slot_retained_wal_bytes{" not in text

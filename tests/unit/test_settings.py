@@ -36,3 +36,30 @@ def test_database_url_is_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OUTBOX_DATABASE_URL", "mysql://x")
     with pytest.raises(ValidationError, match="PostgreSQL URL"):
         DatabaseSettings()  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("postgresql://app:pw@db:5432/shop", "postgresql+psycopg://app:pw@db:5432/shop"),
+        ("postgres://app:pw@db/shop", "postgresql+psycopg://app:pw@db/shop"),
+        ("postgresql+psycopg://app@db/shop", "postgresql+psycopg://app@db/shop"),
+    ],
+)
+def test_a_plain_postgresql_url_gets_the_psycopg_driver(
+    monkeypatch: pytest.MonkeyPatch, given: str, used: str
+) -> None:
+    """SQLAlchemy reads ``postgresql://`` as psycopg2, which the project neither installs nor
+    supports: the setting means psycopg 3, the one driver the SDK runs on."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", given)
+    assert DatabaseSettings().database_url.get_secret_value() == used  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "asyncpg", "pg8000"])
+def test_another_driver_is_refused_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch, driver: str
+) -> None:
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", f"postgresql+{driver}://app:pw@db/shop")
+    with pytest.raises(ValidationError, match=rf"{driver}.*postgresql\+psycopg://") as raised:
+        DatabaseSettings()  # type: ignore[call-arg]
+    assert "pw@" not in str(raised.value)

@@ -134,3 +134,27 @@ def test_bootstrap_lists_compare_as_sets_of_servers() -> None:
     assert same_servers("a:1,b:2", "b:2, a:1")
     assert not same_servers("127.0.0.1:59092", "127.0.0.1:59093")
     assert not same_servers("127.0.0.1:59092", "127.0.0.1:59092,kafka:9092")
+
+
+def test_stack_env_exports_a_generated_relay_password_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, open_umask: None
+) -> None:
+    """The relay recipe (`outbox db relay-role`, then the relay as that role) needs
+    OUTBOX_RELAY_DATABASE_PASSWORD: `stack env` exports one, generated once (0600), apart
+    from the CDC role's; a value set in the environment wins, as for the CDC password."""
+    from outbox.settings import KafkaSettings
+    from outbox_stack.local import LocalStack
+    from outbox_stack.settings import StackSettings
+
+    for name in ("OUTBOX_RELAY_DATABASE_PASSWORD", "OUTBOX_CONNECT_DATABASE_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    stack = LocalStack(StackSettings(dir=tmp_path), KafkaSettings())
+    stack.postgres.home.mkdir(parents=True)
+    write_secret(stack.postgres.password_file, "superuser-secret\n")
+    exported = stack.environment()
+    password = exported["OUTBOX_RELAY_DATABASE_PASSWORD"]
+    assert len(password) >= 24 and password != exported["OUTBOX_CONNECT_DATABASE_PASSWORD"]
+    assert (stack.postgres.home / "relay.password").stat().st_mode & 0o777 == 0o600
+    assert stack.environment()["OUTBOX_RELAY_DATABASE_PASSWORD"] == password, "kept"
+    monkeypatch.setenv("OUTBOX_RELAY_DATABASE_PASSWORD", "chosen")
+    assert stack.environment()["OUTBOX_RELAY_DATABASE_PASSWORD"] == "chosen"

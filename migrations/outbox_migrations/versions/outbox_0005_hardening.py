@@ -11,8 +11,10 @@
   *collision key* (Kafka treats ``.`` and ``_`` alike in topic names: ``order.line`` and
   ``order_line`` collide). A new aggregate type whose key is taken is refused by a trigger,
   in the publishing transaction, with a message that names the other type. The trigger
-  looks the type up (one index probe per row) and inserts only for a new type, never
-  waiting on another transaction that registers the same name (it lets the row through).
+  looks the type up (one index probe per row) and inserts only for a new type. (It first
+  let a row through when another open transaction registered the same name: two colliding
+  types published at once both got through. It waits for that transaction since
+  outbox_0007, whose body this revision installs on new databases.)
 - Row-level security, so that one service cannot touch another's rows:
   dedup keys belong to the role that wrote them (``owner``, default ``current_user``; keys
   written before this revision have ``owner = ''`` and stay shared); inbox claims,

@@ -1,0 +1,1 @@
+"""Maintainers' tools, run from a checkout (``python -m tools.<name>``); not installed."""
