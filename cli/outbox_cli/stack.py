@@ -80,7 +80,9 @@ def logs(lines: int = typer.Option(50, "--lines", "-n", min=1, help="How many li
 def env() -> None:
     """Print `export` lines that point the SDK and the CLI at the local stack.
 
-    The output holds the generated database password: eval it, do not paste it anywhere.
+    The database URL and the connector's settings verify PostgreSQL's certificate with the
+    stack's CA (sslmode=verify-full). The output holds the generated database password: eval
+    it, do not paste it anywhere.
     """
     from outbox_stack.local import shell_exports
 
