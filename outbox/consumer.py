@@ -84,6 +84,17 @@ def _is_database_outage(error: BaseException) -> bool:
     return False
 
 
+def _raise_if_refused(error: Exception) -> None:
+    """A connection refused for good (TLS: an untrusted certificate, a host name not in it)
+    is no outage: retrying cannot cure it, and a record must not be dead-lettered for it.
+    Raise our :class:`~outbox.core.errors.DatabaseTlsError` from it; the run stops."""
+    from outbox.database_errors import database_error
+
+    refused = database_error(error)
+    if refused is not None:
+        raise refused from error
+
+
 @dataclass
 class ConsumerStats:
     applied: int = 0
@@ -178,6 +189,7 @@ class IdempotentConsumer(Generic[T]):
                         self.stats.duplicates += 1
                 return
             except Exception as error:
+                _raise_if_refused(error)
                 if _is_database_outage(error):
                     log.warning("database unavailable, retrying: %s", type(error).__name__)
                 else:
@@ -241,6 +253,7 @@ class IdempotentConsumer(Generic[T]):
                 )
                 return
             except Exception as error:
+                _raise_if_refused(error)
                 if not _is_database_outage(error):
                     raise
                 _pause(backoff, stop)

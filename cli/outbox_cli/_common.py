@@ -85,6 +85,12 @@ def describe(error: Exception, command: str | None = None) -> tuple[str, int] | 
     ):
         return missing, USER_ERROR
     names = {cls.__module__.split(".")[0] for cls in type(error).__mro__}
+    if names & {"sqlalchemy", "psycopg"}:
+        from outbox.database_errors import database_error
+
+        refused = database_error(error)  # TLS refused: which failure, and its fix
+        if refused is not None:
+            return f"error: {refused}", USER_ERROR
     if "sqlalchemy" in names:
         # The driver's own message; SQLAlchemy's wrapper would add the statement text.
         return f"database error: {getattr(error, 'orig', None) or error}", USER_ERROR

@@ -23,6 +23,8 @@ Tree (domain, then condition)::
     │   ├── BrokerUnavailable                      Kafka did not answer
     │   ├── RecordsGoneError                       records deleted under a reader
     │   └── ShortReadError                         a partition not read to the end it was given
+    ├── DatabaseError                            PostgreSQL refused a connection
+    │   └── DatabaseTlsError                       TLS as the client asks for it failed
     ├── ConnectError                             Kafka Connect refused or did not answer
     ├── StackError                               a local service would not install/start/stop
     └── EffectError                              the side-effect ledger
@@ -42,6 +44,8 @@ __all__ = [
     "ConnectError",
     "ContractViolation",
     "DataLossError",
+    "DatabaseError",
+    "DatabaseTlsError",
     "DedupKeyUnavailableError",
     "DeliveryTimeoutError",
     "EffectError",
@@ -196,6 +200,24 @@ class ShortReadError(BrokerError):
         self.start = start
         self.reached = reached
         self.end = end
+
+
+class DatabaseError(OutboxError):
+    """PostgreSQL refused a connection for a reason retrying does not cure; the message
+    names the server, the reason and the fix."""
+
+
+class DatabaseTlsError(DatabaseError):
+    """TLS with PostgreSQL failed as the client asked for it (``sslmode=verify-full``): the
+    server's certificate is not signed by a CA the client trusts (``sslrootcert``) or has
+    expired, it names other hosts than the one connected to, the CA file cannot be read, or
+    the server offers no TLS. ``failure`` says which (a
+    :class:`outbox.core.database_tls.TlsFailure` value). Never retried by our components: it
+    does not pass by itself, and it is what a server in the middle looks like."""
+
+    def __init__(self, message: str, *, failure: str) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 class ConnectError(OutboxError):

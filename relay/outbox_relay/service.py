@@ -9,7 +9,9 @@ Ordering per aggregate needs a single reader in position order, hence a leader r
 shards: one relay already publishes faster than one Debezium task (see the
 benchmark), and a standby costs nothing but a connection.
 
-Faults: a database error drops the session (and leadership) and reconnects with backoff;
+Faults: a database error drops the session (and leadership) and reconnects with backoff,
+except a connection refused over TLS (:class:`~outbox.core.errors.DatabaseTlsError`: a
+certificate not trusted, or not for the host), which stops the relay with the reason;
 a batch the broker did not acknowledge at all is published again (same event ids) after a
 pause that doubles up to ``max_backoff_seconds``; a record the broker refuses for good becomes
 a dead letter; a record refused for a reason that can pass stays, and only its aggregate
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import psycopg
 from kafka.errors import KafkaError
 
-from outbox.core.errors import BrokerError
+from outbox.core.errors import BrokerError, DatabaseError
 from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX, OutboxTables, cdc_heartbeat_topic
 from outbox_relay.cdc_watch import CdcWatch
 from outbox_relay.checks import check_database
@@ -120,6 +122,10 @@ class Relay:
                     self.metrics.leases_lost.inc()
                     self._step_down()
                     stop.wait(self.settings.leader_retry_seconds)
+                except DatabaseError as error:  # refused for good (TLS): no retry cures it
+                    self.metrics.errors.labels("database").inc()
+                    log.error("relay stopped: %s", error)
+                    raise
                 except psycopg.Error as error:
                     self._fault("database", error, stop)
                 except (KafkaError, BrokerError, BatchNotAcknowledged) as error:

@@ -68,12 +68,18 @@ class LocalStack:
         return self.status()
 
     def environment(self) -> dict[str, str]:
-        """What ``outbox stack env`` exports: the SDK's and the CLI's settings for this stack."""
+        """What ``outbox stack env`` exports: the SDK's and the CLI's settings for this stack.
+
+        The database URL and the connector verify PostgreSQL's certificate against the stack's
+        CA (``sslmode=verify-full``, the CA file as ``sslrootcert``)."""
+        tls = self.postgres.tls_parameters()
         return {
             "OUTBOX_DATABASE_URL": self.postgres.url(),
             "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
             "OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password(),
             "OUTBOX_CONNECT_DATABASE_PORT": str(self.postgres.port),
+            "OUTBOX_CONNECT_DATABASE_SSLMODE": tls["sslmode"],
+            "OUTBOX_CONNECT_DATABASE_SSLROOTCERT": tls["sslrootcert"],
             "OUTBOX_CONNECT_URL": self.connect.rest_url,
             "OUTBOX_RELAY_DATABASE_PASSWORD": self.relay_password(),
         }
