@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.core.effects import LookupAnswer
 from outbox.core.errors import (
+    BrokerAuthenticationError,
+    BrokerAuthorizationError,
     BrokerError,
     BrokerUnavailable,
     ConfigurationError,
@@ -72,6 +74,8 @@ __all__ = [
     "AsyncEffects",
     "AsyncInbox",
     "AsyncOutbox",
+    "BrokerAuthenticationError",
+    "BrokerAuthorizationError",
     "BrokerError",
     "BrokerUnavailable",
     "ConfigurationError",

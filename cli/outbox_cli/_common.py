@@ -106,7 +106,8 @@ def _settings_problems(error: ValidationError, prefix: str) -> str:
     problems = []
     for item in error.errors():
         name = "_".join(str(part) for part in item["loc"]).upper()
-        problems.append(f"{prefix}{name}: {item['msg']}")
+        # A rule over several settings (no location) names them in its message.
+        problems.append(f"{prefix}{name}: {item['msg']}" if name else str(item["msg"]))
     return "; ".join(problems)
 
 
