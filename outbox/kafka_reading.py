@@ -230,7 +230,20 @@ class KafkaReader:
             batches = self._consumer.poll(
                 timeout_ms=int(timeout_seconds * 1000), max_records=max_records
             )
+            if not batches:
+                self._raise_if_refused()
         return [_record(consumed) for records in batches.values() for consumed in records]
+
+    def _raise_if_refused(self) -> None:
+        """kafka-python (3.0) notes an assigned topic the broker refuses to describe (outside
+        our ACLs) in its metadata and then waits for it for ever: say so instead."""
+        from kafka.errors import TopicAuthorizationFailedError
+
+        cluster = getattr(self._consumer, "_cluster", None)
+        refused = set(getattr(cluster, "unauthorized_topics", ()) or ())
+        mine = {tp.topic for tp in self._consumer.assignment()}
+        if refused & mine:
+            raise TopicAuthorizationFailedError(refused & mine)
 
     def read_to_end(
         self,
