@@ -4,8 +4,10 @@ client's options (kafka-python, Connect's Java clients, Spark) built from it in 
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -22,10 +24,11 @@ from outbox.kafka_clients import (
 from outbox.settings import KafkaSettings, describe_validation_error
 from outbox_cli._common import load
 from outbox_stack.broker import properties_text
-from outbox_stack.connect import ConnectWorker, secrets_pattern
+from outbox_stack.connect import CLIENT_PREFIXES, ConnectWorker, secrets_pattern
 from outbox_stack.local import LocalStack
 from outbox_stack.postgres import PostgresCluster
 from outbox_stack.settings import StackSettings
+from tests.fix_postgres import ROOT
 from tests.tls import Authority, Issued
 
 PASSWORD = "s3cret-Pa55word"
@@ -349,3 +352,60 @@ def test_stack_env_never_prints_kafka_secrets(
     assert exported["OUTBOX_KAFKA_BOOTSTRAP_SERVERS"] == "kafka-1:9093,kafka-2:9093"
     assert PASSWORD not in " ".join(exported.values())
     assert stack.connect.kafka.security_protocol == "SASL_SSL"  # the external cluster's
+
+
+# -- docs/production.md ---------------------------------------------------------------------
+
+
+def _override() -> dict[str, Any]:
+    """The compose override of docs/production.md, parsed (compose's tags taken as values)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def tagged(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node)
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node)
+        return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+    Loader.add_constructor("!reset", tagged)
+    Loader.add_constructor("!override", tagged)
+    text = (ROOT / "docs" / "production.md").read_text()
+    block = re.search(r"```yaml\n(# docker-compose.secured.yml\n.*?)```", text, re.DOTALL)
+    assert block, "the compose override example is gone from docs/production.md"
+    return dict(yaml.load(block.group(1), Loader=Loader))  # a SafeLoader, with two tags
+
+
+def test_the_docs_compose_override_uses_our_settings_and_connects_properties(
+    authority: Authority,
+) -> None:
+    services = _override()["services"]
+    known = {f"OUTBOX_KAFKA_{name.upper()}" for name in KafkaSettings.model_fields}
+    for name in ("relay", "lake"):
+        environment = services[name]["environment"]
+        kafka = {key for key in environment if key.startswith("OUTBOX_KAFKA_")}
+        assert kafka <= known, kafka - known
+        assert environment["OUTBOX_KAFKA_SASL_USERNAME"] == name
+    connect = {
+        key: str(value).replace("$$", "$")
+        for key, value in services["connect"]["environment"].items()
+    }
+    settings = KafkaSettings(
+        bootstrap_servers="k:1",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="connect",
+        sasl_password=PASSWORD,
+        ssl_cafile=authority.certfile,
+    )
+    expected = java_client_config(settings).properties
+    for prefix in CLIENT_PREFIXES:
+        variable = "CONNECT_" + prefix.replace(".", "_").upper()
+        for name in ("security.protocol", "sasl.mechanism", "sasl.jaas.config"):
+            assert connect[variable + name.replace(".", "_").upper()] == expected[name]
+        assert connect[variable + "SSL_TRUSTSTORE_TYPE"] == "PEM"
+        assert connect[variable + "SSL_TRUSTSTORE_LOCATION"] == "/run/secrets/kafka_ca"
+    assert "OUTBOX_KAFKA_SASL_PASSWORD" in secrets_pattern()
