@@ -79,6 +79,13 @@ _CHECK_SECONDS = 10.0
 # -- kafka-python -------------------------------------------------------------------------
 
 
+def _no_password() -> str:
+    raise ConfigurationError(
+        "OUTBOX_KAFKA_SSL_KEYFILE is encrypted: give its password in "
+        "OUTBOX_KAFKA_SSL_KEY_PASSWORD or OUTBOX_KAFKA_SSL_KEY_PASSWORD_FILE"
+    )
+
+
 def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
     """The TLS context of every kafka-python client (and of :func:`check_login`): the brokers'
     certificates verified against ``OUTBOX_KAFKA_SSL_CAFILE`` (or the system's authorities),
@@ -103,7 +110,9 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
             context.load_cert_chain(
                 str(settings.ssl_certfile),
                 None if settings.ssl_keyfile is None else str(settings.ssl_keyfile),
-                password=None if password is None else password.get_secret_value(),
+                # Never None: OpenSSL would prompt on the terminal for an encrypted key's
+                # password, and a service would wait there for ever.
+                password=_no_password if password is None else password.get_secret_value(),
             )
         except (ssl.SSLError, OSError) as error:
             raise ConfigurationError(

@@ -113,7 +113,10 @@ class Relay:
 
     def run(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set; the batch in flight then finishes."""
-        log.info("relay starting", extra={"mode": self.settings.mode.value})
+        log.info(
+            "relay starting",
+            extra={"mode": self.settings.mode.value, "kafka": self._kafka.describe()},
+        )
         try:
             while not stop.is_set():
                 try:

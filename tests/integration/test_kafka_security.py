@@ -5,6 +5,7 @@ unknown user or an untrusted certificate is said as such within seconds."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -164,6 +165,35 @@ def test_a_mechanism_the_listener_does_not_offer_says_so(secure_kafka: SecureKaf
 
 
 # -- each component as its principal ------------------------------------------------------------
+
+
+def test_a_relay_refused_by_kafka_logs_the_cause_as_an_error_and_keeps_its_rows(
+    secure_kafka: SecureKafka, migrated: ScratchDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = publish(migrated, f"sec{uuid.uuid4().hex[:8]}", 2)
+    relay = Relay(
+        RelaySettings(**FAST),  # type: ignore[arg-type]
+        database_url=migrated.url,
+        kafka=secure_kafka.sasl("relay", password="not-the-password"),
+        tables=OutboxSettings().tables,
+    )
+    refusals = relay.metrics.errors.labels("broker_security")
+    stop = threading.Event()
+    thread = threading.Thread(target=relay.run, args=(stop,))
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="outbox.relay"):
+        thread.start()
+        try:
+            wait_until(lambda: refusals._value.get() >= 1, timeout=30, what="a refusal")
+            seconds = time.monotonic() - started
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert seconds < FAILS_WITHIN_SECONDS + 5  # the database and the lease come first
+    assert "refused the login of user 'relay'" in caplog.text
+    assert "not-the-password" not in caplog.text
+    assert left(migrated) == len(ids)  # nothing lost: the rows wait for a login that works
 
 
 def test_the_relay_publishes_and_others_read_each_as_its_principal(

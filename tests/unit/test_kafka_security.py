@@ -204,6 +204,9 @@ def test_an_encrypted_client_key_loads_with_its_password_only(
     with pytest.raises(ConfigurationError, match="OUTBOX_KAFKA_SSL_KEY_PASSWORD") as raised:
         ssl_context(mtls(authority, locked_client, ssl_key_password="wrong"))
     assert KEY_PASSWORD not in str(raised.value)
+    # Without one: an error, never OpenSSL's prompt on the terminal (a service would hang).
+    with pytest.raises(ConfigurationError, match="give its password in"):
+        ssl_context(mtls(authority, locked_client))
 
 
 def test_a_file_that_is_no_certificate_is_refused_naming_it(tmp_path: Path) -> None:
