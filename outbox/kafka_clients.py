@@ -285,7 +285,14 @@ def _tls_refusal(error: BaseException, server: str, settings: KafkaSettings) -> 
             f"{server} refused our client certificate, {mine} ({text}): the broker wants a "
             "certificate signed by an authority it trusts (its ssl.truststore)",
         )
-    return _Refusal("tls", f"the TLS session with {server} failed: {type(error).__name__}: {text}")
+    hint = (
+        ": does that listener speak TLS? (OUTBOX_KAFKA_SECURITY_PROTOCOL)"
+        if "wrong version number" in lowered or "record layer failure" in lowered
+        else ""
+    )
+    return _Refusal(
+        "tls", f"the TLS session with {server} failed: {type(error).__name__}: {text}{hint}"
+    )
 
 
 def check_login(settings: KafkaSettings, *, timeout_seconds: float = _CHECK_SECONDS) -> None:

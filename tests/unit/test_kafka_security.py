@@ -412,3 +412,27 @@ def test_the_docs_compose_override_uses_our_settings_and_connects_properties(
         assert connect[variable + "SSL_TRUSTSTORE_TYPE"] == "PEM"
         assert connect[variable + "SSL_TRUSTSTORE_LOCATION"] == "/run/secrets/kafka_ca"
     assert "OUTBOX_KAFKA_SASL_PASSWORD" in secrets_pattern()
+
+
+def test_each_tls_failure_is_told_apart_with_its_fix(authority: Authority) -> None:
+    from outbox.kafka_clients import _tls_refusal
+
+    settings = sasl(authority)
+    wrong_name = ssl.SSLCertVerificationError("certificate verify failed")
+    wrong_name.verify_code = 62
+    wrong_name.verify_message = "Hostname mismatch, certificate is not valid for 'kafka-1'."
+    refusal = _tls_refusal(wrong_name, "kafka-1:9093", settings)
+    assert refusal.reason == "hostname" and "OUTBOX_KAFKA_SSL_CHECK_HOSTNAME" in refusal.message
+    untrusted = ssl.SSLCertVerificationError("certificate verify failed")
+    untrusted.verify_code = 20
+    untrusted.verify_message = "unable to get local issuer certificate"
+    refusal = _tls_refusal(untrusted, "kafka-1:9093", settings)
+    assert refusal.reason == "untrusted_certificate"
+    assert f"OUTBOX_KAFKA_SSL_CAFILE={authority.certfile}" in refusal.message
+    required = ssl.SSLError(
+        "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required"
+    )
+    assert _tls_refusal(required, "k:1", settings).reason == "client_certificate"
+    other = ssl.SSLError("[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    refusal = _tls_refusal(other, "k:1", settings)
+    assert refusal.reason == "tls" and "does that listener speak TLS?" in refusal.message
