@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.core.effects import LookupAnswer
 from outbox.core.errors import (
+    BrokerAuthenticationError,
+    BrokerAuthorizationError,
     BrokerError,
     BrokerUnavailable,
     ConfigurationError,
@@ -83,6 +85,8 @@ __all__ = [
     "AsyncEffects",
     "AsyncInbox",
     "AsyncOutbox",
+    "BrokerAuthenticationError",
+    "BrokerAuthorizationError",
     "BrokerError",
     "BrokerUnavailable",
     "ConfigurationError",
