@@ -199,7 +199,7 @@ def latency(
     relay = Relay(
         RelaySettings(http_port=0, idle_seconds=0.02),
         database_url=url,
-        bootstrap_servers=stack.bootstrap_servers,
+        kafka=stack.bootstrap_servers,
         tables=OutboxSettings().tables,
     )
     stop_relay = threading.Event()

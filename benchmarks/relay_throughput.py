@@ -165,9 +165,7 @@ def relay_drain(
     ``held_open``: a transaction holds an xid from before the events until after the drain
     (PostgreSQL's xmin stays back: deleted rows cannot be vacuumed, the floor cannot move).
     """
-    relay = Relay(
-        settings, database_url=url, bootstrap_servers=bootstrap, tables=OutboxSettings().tables
-    )
+    relay = Relay(settings, database_url=url, kafka=bootstrap, tables=OutboxSettings().tables)
     stop = threading.Event()
     thread = threading.Thread(target=relay.run, args=(stop,))
     with (

@@ -46,7 +46,7 @@ from outbox.core.kafka_record import KafkaRecord, Undecodable, decode_event
 from outbox.core.protocol import claim_message, dead_letter_message
 from outbox.core.statements import OutboxStatements
 from outbox.kafka_reading import KafkaReader, ReaderRole
-from outbox.settings import KafkaSettings, OutboxSettings
+from outbox.settings import KafkaSettings, OutboxSettings, kafka_settings
 
 __all__ = ["ConsumerStats", "IdempotentConsumer", "ReceivedEvent"]
 
@@ -84,6 +84,17 @@ def _is_database_outage(error: BaseException) -> bool:
     return False
 
 
+def _raise_if_refused(error: Exception) -> None:
+    """A connection refused for good (TLS: an untrusted certificate, a host name not in it)
+    is no outage: retrying cannot cure it, and a record must not be dead-lettered for it.
+    Raise our :class:`~outbox.core.errors.DatabaseTlsError` from it; the run stops."""
+    from outbox.database_errors import database_error
+
+    refused = database_error(error)
+    if refused is not None:
+        raise refused from error
+
+
 @dataclass
 class ConsumerStats:
     applied: int = 0
@@ -103,6 +114,12 @@ class IdempotentConsumer(Generic[T]):
     ``consumer_options``: the reader's group timing and fetch sizes by name
     (``session_timeout_ms``, ``max_poll_records``...: :class:`outbox.kafka_reading.ReaderRole`).
     It reads committed records only, as every reader of the project.
+
+    The cluster: ``kafka`` (:class:`~outbox.settings.KafkaSettings`: servers and security,
+    e.g. ``KafkaSettings()`` from ``OUTBOX_KAFKA_*``), or ``bootstrap_servers`` alone for a
+    cluster without security; neither: ``KafkaSettings()``. A refused login raises
+    :class:`~outbox.BrokerAuthenticationError` within seconds, a group or topic outside the
+    principal's ACLs :class:`~outbox.BrokerAuthorizationError`.
     """
 
     def __init__(
@@ -110,7 +127,8 @@ class IdempotentConsumer(Generic[T]):
         *,
         name: str,
         group_id: str,
-        bootstrap_servers: str,
+        bootstrap_servers: str | None = None,
+        kafka: KafkaSettings | None = None,
         begin: Callable[[], AbstractContextManager[T]],
         handler: Callable[[T, ReceivedEvent], None],
         topics: Sequence[str] = (),
@@ -120,6 +138,8 @@ class IdempotentConsumer(Generic[T]):
         settings: OutboxSettings | None = None,
         consumer_options: dict[str, Any] | None = None,
     ) -> None:
+        if bootstrap_servers is not None and kafka is not None:
+            raise ConfigurationError("give kafka=KafkaSettings(...) or bootstrap_servers, not both")
         if bool(topics) == (pattern is not None):
             raise ConfigurationError("give topics=[...] or pattern='...', one of the two")
         if max_attempts < 1:
@@ -132,9 +152,11 @@ class IdempotentConsumer(Generic[T]):
         self._backoff = retry_backoff_seconds
         self._statements = OutboxStatements((settings or OutboxSettings()).tables)
         role = ReaderRole(client_id=f"outbox-consumer-{name}", group_id=group_id)
-        self._reader = KafkaReader(
-            KafkaSettings(bootstrap_servers=bootstrap_servers), role.with_options(consumer_options)
-        )
+        if kafka is None:
+            kafka = (
+                KafkaSettings() if bootstrap_servers is None else kafka_settings(bootstrap_servers)
+            )
+        self._reader = KafkaReader(kafka, role.with_options(consumer_options))
         self._reader.subscribe(topics, pattern)
 
     def run(self, stop: threading.Event) -> None:
@@ -178,6 +200,7 @@ class IdempotentConsumer(Generic[T]):
                         self.stats.duplicates += 1
                 return
             except Exception as error:
+                _raise_if_refused(error)
                 if _is_database_outage(error):
                     log.warning("database unavailable, retrying: %s", type(error).__name__)
                 else:
@@ -241,6 +264,7 @@ class IdempotentConsumer(Generic[T]):
                 )
                 return
             except Exception as error:
+                _raise_if_refused(error)
                 if not _is_database_outage(error):
                     raise
                 _pause(backoff, stop)

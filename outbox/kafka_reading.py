@@ -18,8 +18,11 @@ What it owns, so that no reader decides it for itself:
   committed records, taken when the read starts, reached when the reader's position is
   there; :meth:`KafkaReader.read_to_end` reads there or raises
   :class:`~outbox.core.errors.ShortReadError`, never returns short;
-- **kafka-python's errors, wrapped at the edge**: :class:`~outbox.core.errors.BrokerUnavailable`
-  (no answer), :class:`~outbox.core.errors.RecordsGoneError` (deleted under the reader),
+- **kafka-python's errors, wrapped at the edge** (:func:`outbox.kafka_clients.kafka_errors`):
+  :class:`~outbox.core.errors.BrokerUnavailable` (no answer),
+  :class:`~outbox.core.errors.RecordsGoneError` (deleted under the reader),
+  :class:`~outbox.core.errors.BrokerAuthenticationError` (who we are was refused: TLS, SASL),
+  :class:`~outbox.core.errors.BrokerAuthorizationError` (outside our ACLs),
   :class:`~outbox.core.errors.BrokerError` (anything else Kafka refused), each ``from`` the
   original.
 
@@ -30,20 +33,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from outbox.core.errors import (
-    BrokerError,
-    BrokerUnavailable,
-    ConfigurationError,
-    RecordsGoneError,
-)
+from outbox.core.errors import ConfigurationError, RecordsGoneError
 from outbox.core.kafka_record import KafkaRecord
 from outbox.core.partition_end import Partition, PartitionRange, ReadToEnd
-from outbox.settings import KafkaSettings
+from outbox.kafka_clients import client_options, kafka_errors, open_client
+from outbox.settings import KafkaSettings, kafka_settings
 
 __all__ = [
     "KafkaReader",
@@ -98,21 +96,17 @@ class ReaderRole:
 
 
 def consumer_options(settings: KafkaSettings, role: ReaderRole) -> dict[str, Any]:
-    """kafka-python's ``KafkaConsumer`` options for ``role`` on the cluster of ``settings``:
-    the one place they are built."""
-    if settings.bootstrap_servers is None:
-        raise ConfigurationError(
-            "OUTBOX_KAFKA_BOOTSTRAP_SERVERS is not set: no Kafka cluster to read from"
-        )
+    """kafka-python's ``KafkaConsumer`` options for ``role`` on the cluster of ``settings``
+    (its servers and security: :func:`outbox.kafka_clients.client_options`): the one place
+    they are built."""
     gone = role.when_offsets_gone or ("earliest" if role.group_id is not None else "fail")
     options: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap_servers.split(","),
-        "client_id": role.client_id,
+        **client_options(settings, client_id=role.client_id),
         "group_id": role.group_id,
         "isolation_level": "read_committed",
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest" if gone == "earliest" else "none",
-        "metrics_enabled": False,
+        "metrics_enabled": False,  # its per-topic names collide for a.b and a_b
         "max_poll_records": role.max_poll_records,
         "fetch_max_wait_ms": role.fetch_max_wait_ms,
         "fetch_max_bytes": role.fetch_max_bytes,
@@ -125,31 +119,6 @@ def consumer_options(settings: KafkaSettings, role: ReaderRole) -> dict[str, Any
     }
     options.update({name: value for name, value in group_timing.items() if value is not None})
     return options
-
-
-@contextmanager
-def _edge(servers: str) -> Iterator[None]:
-    """kafka-python's errors as ours (``from`` the original)."""
-    from kafka import errors
-
-    try:
-        yield
-    except errors.OffsetOutOfRangeError as error:
-        positions = error.args[0] if error.args and isinstance(error.args[0], dict) else {}
-        (topic, partition), offset = next(iter(positions.items()), (("?", -1), -1))
-        raise RecordsGoneError(
-            f"{topic}[{partition}]: the records from offset {offset} on are gone from Kafka "
-            "(deleted by retention, or the topic was recreated)",
-            topic=topic,
-            partition=partition,
-            offset=offset,
-        ) from error
-    except errors.RetriableError as error:  # timeouts, connections, no leader: no answer
-        raise BrokerUnavailable(
-            f"Kafka at {servers} did not answer: {type(error).__name__}: {error}"
-        ) from error
-    except errors.KafkaError as error:
-        raise BrokerError(f"Kafka at {servers}: {type(error).__name__}: {error}") from error
 
 
 def _record(consumed: Any) -> KafkaRecord:
@@ -173,13 +142,11 @@ class KafkaReader:
 
         from outbox import _lenient_records
 
-        if isinstance(settings, str):
-            settings = KafkaSettings(bootstrap_servers=settings)
-        options = consumer_options(settings, role)
+        self.settings = kafka_settings(settings)
+        options = consumer_options(self.settings, role)
         self.servers = ",".join(options["bootstrap_servers"])
         self.role = role
-        with _edge(self.servers):
-            self._consumer: Any = KafkaConsumer(**options)
+        self._consumer: Any = open_client(self.settings, KafkaConsumer, options)
         try:
             _lenient_records.install(self._consumer)
         except BaseException:
@@ -191,7 +158,7 @@ class KafkaReader:
     def topics(self, pattern: str | re.Pattern[str]) -> list[str]:
         """The topics whose name ``pattern`` finds (``re.search``), sorted."""
         found = re.compile(pattern) if isinstance(pattern, str) else pattern
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             names = self._consumer.topics()
         return sorted(name for name in names if found.search(name))
 
@@ -200,58 +167,58 @@ class KafkaReader:
         from kafka import TopicPartition
 
         found: list[Partition] = []
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             for topic in topics:
                 numbers = self._consumer.partitions_for_topic(topic) or ()
                 found += [TopicPartition(topic, number) for number in sorted(numbers)]
         return found
 
     def beginnings(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             return dict(self._consumer.beginning_offsets(_tps(partitions)))
 
     def ends(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
         """Each partition's end for committed records (the last stable offset), now."""
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             return dict(self._consumer.end_offsets(_tps(partitions)))
 
     def offsets_for_times(
         self, partitions: Iterable[Partition], timestamp_ms: int
     ) -> dict[Partition, int | None]:
         """The first offset of a record at or after ``timestamp_ms``; ``None``: none yet."""
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             found = self._consumer.offsets_for_times(dict.fromkeys(_tps(partitions), timestamp_ms))
         return {tp: None if at is None else at.offset for tp, at in found.items()}
 
     # -- where to read ----------------------------------------------------------------------
 
     def assign(self, partitions: Iterable[Partition]) -> None:
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             self._consumer.assign(_tps(partitions))
 
     def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None) -> None:
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             if pattern is not None:
                 self._consumer.subscribe(pattern=pattern)
             else:
                 self._consumer.subscribe(list(topics))
 
     def seek(self, partition: Partition, offset: int) -> None:
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             self._consumer.seek(_tps([partition])[0], offset)
 
     def seek_to_beginning(self, partitions: Iterable[Partition]) -> None:
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             self._consumer.seek_to_beginning(*_tps(partitions))
 
     def position(self, partition: Partition) -> int:
         """The offset of the next record the reader would fetch (past markers and aborted
         records it has fetched)."""
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             return int(self._consumer.position(_tps([partition])[0]))
 
     def pause(self, partitions: Iterable[Partition]) -> None:
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             self._consumer.pause(*_tps(partitions))
 
     # -- reading ----------------------------------------------------------------------------
@@ -259,11 +226,24 @@ class KafkaReader:
     def poll(self, timeout_seconds: float, max_records: int | None = None) -> list[KafkaRecord]:
         """The records fetched so far (waiting up to ``timeout_seconds`` for some), in offset
         order per partition; every record, readable or not (see the module)."""
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             batches = self._consumer.poll(
                 timeout_ms=int(timeout_seconds * 1000), max_records=max_records
             )
+            if not batches:
+                self._raise_if_refused()
         return [_record(consumed) for records in batches.values() for consumed in records]
+
+    def _raise_if_refused(self) -> None:
+        """kafka-python (3.0) notes an assigned topic the broker refuses to describe (outside
+        our ACLs) in its metadata and then waits for it for ever: say so instead."""
+        from kafka.errors import TopicAuthorizationFailedError
+
+        cluster = getattr(self._consumer, "_cluster", None)
+        refused = set(getattr(cluster, "unauthorized_topics", ()) or ())
+        mine = {tp.topic for tp in self._consumer.assignment()}
+        if refused & mine:
+            raise TopicAuthorizationFailedError(refused & mine)
 
     def read_to_end(
         self,
@@ -317,7 +297,7 @@ class KafkaReader:
 
     def commit(self) -> None:
         """Commit the group's positions (a group reader only)."""
-        with _edge(self.servers):
+        with kafka_errors(self.settings):
             self._consumer.commit()
 
     def close(self) -> None:

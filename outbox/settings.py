@@ -6,10 +6,12 @@ names the variable (see :func:`describe_validation_error`).
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.core.errors import ConfigurationError
@@ -22,6 +24,7 @@ __all__ = [
     "OutboxSettings",
     "describe_validation_error",
     "effect_retention",
+    "kafka_settings",
 ]
 
 PositiveDuration = Annotated[timedelta, Field(gt=timedelta(0))]
@@ -141,19 +144,104 @@ class DatabaseSettings(BaseSettings):
             raise ValueError(str(error)) from None
 
 
-class KafkaSettings(BaseSettings):
-    """``OUTBOX_KAFKA_BOOTSTRAP_SERVERS``: the Kafka cluster every component uses.
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
-    Unset, the local stack's own broker is used; set, ``outbox stack up`` starts no broker
-    and Connect, the relay and the lake job use this cluster instead.
+_SASL_FIELDS = ("sasl_mechanism", "sasl_username", "sasl_password")
+_SSL_FIELDS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password")
+
+
+def _variable(field: str) -> str:
+    return f"OUTBOX_KAFKA_{field.upper()}"
+
+
+def _secret_from_file(values: dict[str, Any], field: str) -> None:
+    """``<field>_file``: the secret's file (a mounted Kubernetes secret, a Docker secret),
+    read once here; one of the two, never both."""
+    path = values.get(f"{field}_file")
+    if path in (None, ""):
+        return
+    if values.get(field) not in (None, ""):
+        raise ValueError(
+            f"{_variable(field)} and {_variable(field)}_FILE are both set: keep one of the two"
+        )
+    try:
+        text = Path(str(path)).read_text()
+    except OSError as error:
+        raise ValueError(
+            f"{_variable(field)}_FILE={path} cannot be read ({error.strerror}): "
+            "mount the secret there, or set the variable without _FILE"
+        ) from None
+    values[field] = text.rstrip("\r\n")
+
+
+class KafkaSettings(BaseSettings):
+    """How every component of ours reaches the Kafka cluster: ``OUTBOX_KAFKA_*``.
+
+    ``OUTBOX_KAFKA_BOOTSTRAP_SERVERS``: a comma-separated list of ``host:port``. Unset, the
+    local stack's own broker is used; set, ``outbox stack up`` starts no broker and Connect
+    (and the relay and the lake job) use this cluster instead.
+
+    Security, named as Kafka's client configuration (``security.protocol`` is
+    ``OUTBOX_KAFKA_SECURITY_PROTOCOL``...), read by every client we run (the relay, the
+    consumer, reconcile, trace, the CLI, Connect's worker, the lake through
+    :meth:`spark_options`) and checked here, at start-up:
+
+    - ``OUTBOX_KAFKA_SECURITY_PROTOCOL``: ``PLAINTEXT`` (default), ``SSL`` (TLS; with a
+      client certificate, mutual TLS), ``SASL_SSL`` or ``SASL_PLAINTEXT``;
+    - ``OUTBOX_KAFKA_SASL_MECHANISM`` (``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512``),
+      ``OUTBOX_KAFKA_SASL_USERNAME``, ``OUTBOX_KAFKA_SASL_PASSWORD`` or
+      ``OUTBOX_KAFKA_SASL_PASSWORD_FILE``: for ``SASL_*``;
+    - ``OUTBOX_KAFKA_SSL_CAFILE``: the PEM certificate(s) of the authority that signed the
+      brokers' certificates (default: the system's trusted authorities);
+      ``OUTBOX_KAFKA_SSL_CERTFILE`` and ``OUTBOX_KAFKA_SSL_KEYFILE``: our client certificate
+      and its key, PEM (mutual TLS), the key's password in ``OUTBOX_KAFKA_SSL_KEY_PASSWORD``
+      or ``OUTBOX_KAFKA_SSL_KEY_PASSWORD_FILE`` if it has one;
+      ``OUTBOX_KAFKA_SSL_CHECK_HOSTNAME``: whether a broker's certificate must name the host
+      we reached it by (default ``true``; the chain is verified either way).
+
+    Secrets are :class:`~pydantic.SecretStr`: never in a repr, a log line or a metric. A
+    ``*_FILE`` variable is read once, here.
     """
 
+    # hide_input_in_errors: a validation error must not quote a password it was given.
     model_config = SettingsConfigDict(
-        env_prefix="OUTBOX_KAFKA_", extra="ignore", frozen=True, use_attribute_docstrings=True
+        env_prefix="OUTBOX_KAFKA_",
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,
+        use_attribute_docstrings=True,
     )
 
     bootstrap_servers: str | None = None
     """The Kafka cluster, `host:port[,host:port...]`; unset: the local stack's broker."""
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    """Kafka's `security.protocol`: `PLAINTEXT`, `SSL` (TLS; with a client certificate,
+    mutual TLS), `SASL_SSL` or `SASL_PLAINTEXT`."""
+    sasl_mechanism: SaslMechanism | None = None
+    """`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`; needed with `SASL_*`."""
+    sasl_username: str | None = None
+    """The SASL user (the component's principal)."""
+    sasl_password: SecretStr | None = None
+    """The SASL password; never logged."""
+    sasl_password_file: Path | None = None
+    """A file holding the SASL password (a mounted secret), read once; instead of
+    `OUTBOX_KAFKA_SASL_PASSWORD`."""
+    ssl_cafile: Path | None = None
+    """PEM certificate(s) of the authority that signed the brokers' certificates (default: the
+    system's trusted authorities)."""
+    ssl_certfile: Path | None = None
+    """Our client certificate, PEM (mutual TLS)."""
+    ssl_keyfile: Path | None = None
+    """The client certificate's key, PEM."""
+    ssl_key_password: SecretStr | None = None
+    """The client key's password, if it has one; never logged."""
+    ssl_key_password_file: Path | None = None
+    """A file holding the client key's password, read once; instead of
+    `OUTBOX_KAFKA_SSL_KEY_PASSWORD`."""
+    ssl_check_hostname: bool = True
+    """Whether a broker's certificate must name the host we reached it by (the chain is
+    verified either way)."""
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -167,11 +255,113 @@ class KafkaSettings(BaseSettings):
                 raise ValueError(f"{server!r} is not host:port: use e.g. kafka-1:9092,kafka-2:9092")
         return ",".join(servers)
 
+    @field_validator("security_protocol", "sasl_mechanism", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        """Kafka's own spelling is upper case; accept ``sasl_ssl`` too."""
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _readable_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not os.access(value, os.R_OK):
+            raise ValueError(f"{value} is not a readable file: give the path of a PEM file")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_files(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            values = dict(values)
+            _secret_from_file(values, "sasl_password")
+            _secret_from_file(values, "ssl_key_password")
+        return values
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSettings:
+        protocol = self.security_protocol
+        named = f"OUTBOX_KAFKA_SECURITY_PROTOCOL is {protocol}"
+        if protocol.startswith("SASL_"):
+            missing = [_variable(name) for name in _SASL_FIELDS if not getattr(self, name)]
+            if missing:
+                raise ValueError(
+                    f"{named}: set {', '.join(missing)} too (SASL needs a mechanism, a user "
+                    "and its password; the password may come from OUTBOX_KAFKA_SASL_PASSWORD_FILE)"
+                )
+        else:
+            stray = [_variable(name) for name in _SASL_FIELDS if getattr(self, name)]
+            if stray:
+                raise ValueError(
+                    f"{', '.join(stray)} set but {named}, which sends no user name: set "
+                    "OUTBOX_KAFKA_SECURITY_PROTOCOL=SASL_SSL, or unset them"
+                )
+        if not protocol.endswith("SSL"):
+            stray = [_variable(name) for name in _SSL_FIELDS if getattr(self, name)]
+            if stray:
+                raise ValueError(
+                    f"{', '.join(stray)} set but {named}, which does not use TLS: set "
+                    "OUTBOX_KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL, or unset them"
+                )
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError(
+                "a client certificate needs both OUTBOX_KAFKA_SSL_CERTFILE and "
+                "OUTBOX_KAFKA_SSL_KEYFILE (the same file twice if it holds both)"
+            )
+        if self.ssl_key_password is not None and self.ssl_keyfile is None:
+            raise ValueError(
+                "OUTBOX_KAFKA_SSL_KEY_PASSWORD is set but OUTBOX_KAFKA_SSL_KEYFILE is not: "
+                "it is the password of that key"
+            )
+        return self
+
+    @property
+    def servers(self) -> list[str]:
+        """The bootstrap servers as a list (a :class:`ConfigurationError` when unset)."""
+        if self.bootstrap_servers is None:
+            raise ConfigurationError(
+                "OUTBOX_KAFKA_BOOTSTRAP_SERVERS is not set: no Kafka cluster to connect to"
+            )
+        return self.bootstrap_servers.split(",")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    def with_servers(self, bootstrap_servers: str) -> KafkaSettings:
+        """The same security towards other servers (the local stack's own broker)."""
+        return self.model_copy(update={"bootstrap_servers": bootstrap_servers})
+
+    def describe(self) -> str:
+        """Where and how, without a secret: for logs and error messages."""
+        how: str = self.security_protocol
+        if self.uses_sasl:
+            how += f" {self.sasl_mechanism} as {self.sasl_username}"
+        if self.ssl_certfile is not None:
+            how += f" with client certificate {self.ssl_certfile}"
+        return f"{self.bootstrap_servers or '(no servers)'} ({how})"
+
+    def spark_options(self) -> dict[str, str]:
+        """Spark's Kafka source/sink options (``kafka.*``) for this cluster: see
+        :func:`outbox.kafka_clients.spark_options`. Holds secrets: never log the result."""
+        from outbox.kafka_clients import spark_options
+
+        return spark_options(self)
+
+
+def kafka_settings(value: KafkaSettings | str) -> KafkaSettings:
+    """``value`` as settings: a plain ``host:port,...`` string is a cluster without security."""
+    return value if isinstance(value, KafkaSettings) else KafkaSettings(bootstrap_servers=value)
+
 
 def describe_validation_error(error: ValidationError, *, env_prefix: str = "OUTBOX_") -> str:
-    """One line per bad setting, named as its environment variable."""
+    """One line per bad setting, named as its environment variable (a rule over several
+    settings names them in its message)."""
     lines = []
     for item in error.errors():
         name = "_".join(str(part) for part in item["loc"]).upper()
-        lines.append(f"{env_prefix}{name}: {item['msg']}")
+        lines.append(f"{env_prefix}{name}: {item['msg']}" if name else str(item["msg"]))
     return "invalid settings:\n  " + "\n  ".join(lines)

@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.fix_stack",
     "tests.fix_cdc",
     "tests.fix_relay",
+    "tests.fix_secure_kafka",
     "tests.fix_proxy",
 ]
 

@@ -40,16 +40,6 @@ _MARK = re.compile(r"^\s*<!--\s*(?P<mark>.*?)\s*-->\s*$")
 _EXCERPT_OF = re.compile(r"excerpt of (?P<program>\S+), run by (?P<test>\S+)")
 
 
-# Blocks of pages owned elsewhere that are not marked yet, by page and the start of their
-# first line, with the test they fail ("marks": tests/unit/test_doc_blocks.py, "run":
-# tests/integration/test_docs.py): expected to fail there, strictly, so that once their
-# owner marks them as excerpts the entry must go.
-AWAITING_THEIR_OWNER = {
-    ("docs/verifying-delivery.md", 'eval "$(outbox stack env)"'): ("marks", "needs the stack"),
-    ("docs/verifying-delivery.md", "15 2 * * *  outbox reconcile"): ("marks", "a crontab line"),
-    ("docs/verifying-delivery.md", "outbox trace 01a20667"): ("run", "needs Kafka and a lake"),
-}
-
 
 def pages() -> list[str]:
     """The README and every page of docs/, but those tested elsewhere."""
@@ -70,15 +60,6 @@ class Block:
     @property
     def where(self) -> str:
         return f"{self.page}:{self.line}"
-
-    def awaiting_owner(self, test: str) -> str | None:
-        """Why the block fails ``test`` ("marks" or "run") until its page's owner marks it
-        (None: it must pass)."""
-        first = self.code.splitlines()[0] if self.code.strip() else ""
-        for (page, start), (failing, reason) in AWAITING_THEIR_OWNER.items():
-            if self.page == page and first.startswith(start) and failing == test:
-                return f"{reason}: its owner marks it <!-- excerpt: ... -->"
-        return None
 
     @property
     def excerpt_of(self) -> tuple[str, str] | None:

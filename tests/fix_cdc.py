@@ -38,9 +38,12 @@ class CdcPath:
 
 
 @contextmanager
-def cdc_path_for(kafka_services: KafkaServices, db: ScratchDatabase) -> Iterator[CdcPath]:
-    """A CDC role and a running connector (heartbeat every second) for a migrated ``db``;
-    the connector, its slot and the role are removed at exit."""
+def cdc_path_for(
+    kafka_services: KafkaServices, db: ScratchDatabase, *, topic_prefix: str | None = None
+) -> Iterator[CdcPath]:
+    """A CDC role and a running connector (heartbeat every second, PostgreSQL's certificate
+    verified) for a migrated ``db``; the connector, its slot and the role are removed at exit.
+    ``topic_prefix``: the connector's (a fresh ``outbox<suffix>`` by default)."""
     suffix = uuid.uuid4().hex[:8]
     connector = ConnectorSettings(
         url=kafka_services.connect.rest_url,
@@ -49,8 +52,11 @@ def cdc_path_for(kafka_services: KafkaServices, db: ScratchDatabase) -> Iterator
         database_name=db.name,
         database_user=f"cdc_{suffix}",
         slot_name=f"slot_{suffix}",
-        topic_prefix=f"outbox{suffix}",
+        topic_prefix=topic_prefix or f"outbox{suffix}",
         heartbeat_interval_ms=1000,
+        # As `outbox stack env` sets it: the connector verifies PostgreSQL's certificate.
+        database_sslmode="verify-full",
+        database_sslrootcert=str(db.cluster.ca_file),
     )
     engine = sa.create_engine(db.url)
     with engine.begin() as connection:

@@ -5,7 +5,8 @@ side sends waits in the proxy's socket buffers, as on a network that silently dr
 (no reset, no FIN). ``drop()`` closes every connection at once, as a reset would, and
 ``restore()`` forwards again. New connections are accepted in every state; while frozen they
 carry nothing. The ``tcp_proxy`` fixture makes one per test and stops it (and its threads)
-at the end.
+at the end. It listens on 127.0.0.1, or on another loopback address (``listen_host``): a
+server reached through it on 127.0.0.2 is a host its TLS certificate does not name.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ _CHUNK = 65_536
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(
+        self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1"
+    ) -> None:
         self._target = (target_host, target_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server((listen_host, 0))
         self._listener.settimeout(0.1)
         self.port = int(self._listener.getsockname()[1])
         self._frozen = threading.Event()
@@ -113,12 +116,13 @@ def _close(end: socket.socket) -> None:
 
 
 @pytest.fixture
-def tcp_proxy() -> Iterator[Callable[[str, int], TcpProxy]]:
-    """``tcp_proxy(host, port)``: a proxy to that server, stopped at the end of the test."""
+def tcp_proxy() -> Iterator[Callable[..., TcpProxy]]:
+    """``tcp_proxy(host, port, listen_host=...)``: a proxy to that server, stopped at the end
+    of the test."""
     proxies: list[TcpProxy] = []
 
-    def make(host: str, port: int) -> TcpProxy:
-        proxy = TcpProxy(host, port)
+    def make(host: str, port: int, *, listen_host: str = "127.0.0.1") -> TcpProxy:
+        proxy = TcpProxy(host, port, listen_host=listen_host)
         proxies.append(proxy)
         return proxy
 

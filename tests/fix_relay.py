@@ -21,6 +21,7 @@ import sqlalchemy as sa
 import outbox_migrations
 from outbox import OutboxSettings
 from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX
+from outbox.settings import KafkaSettings
 from outbox_relay.service import Relay
 from outbox_relay.settings import RelaySettings
 from tests.fix_postgres import ROOT, ScratchDatabase, free_port
@@ -114,7 +115,7 @@ class RelayBench:
         self,
         *,
         database_url: str | None = None,
-        bootstrap_servers: str | None = None,
+        bootstrap_servers: KafkaSettings | str | None = None,
         cdc_topic_prefix: str = DEFAULT_CDC_TOPIC_PREFIX,
         **overrides: object,
     ) -> Iterator[Relay]:
@@ -123,7 +124,7 @@ class RelayBench:
         relay = Relay(
             self.settings(**overrides),
             database_url=database_url or self.database.url,
-            bootstrap_servers=bootstrap_servers or self.kafka.bootstrap_servers,
+            kafka=bootstrap_servers or self.kafka.bootstrap_servers,
             tables=OutboxSettings().tables,
             cdc_topic_prefix=cdc_topic_prefix,
         )

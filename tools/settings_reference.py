@@ -133,8 +133,8 @@ PENDING_MEANINGS: dict[str, str] = {
     "the broker's end offsets (Apache Kafka; cheaper).",
     "OUTBOX_RECONCILE_STUCK_AFTER_SECONDS": "An outbox row older than this whose event is not "
     "on Kafka is stuck (younger: in flight).",
-    "OUTBOX_RECONCILE_IDLE_SECONDS": "With `OUTBOX_LAKE_END_OFFSETS=scan`: a partition quiet "
-    "this long has been read to its end.",
+    "OUTBOX_RECONCILE_STALL_SECONDS": "A partition whose read does not move for this long "
+    "before its end stops the run with an error naming it (never a report of a partial read).",
     "OUTBOX_RECONCILE_EXAMPLES": "Examples kept per finding and aggregate type.",
     "OUTBOX_RECONCILE_WORK_DIR": "Where the on-disk evidence file goes (unset: the system's "
     "temporary folder; about 700 bytes per event, deleted at the end).",

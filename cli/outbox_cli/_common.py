@@ -17,13 +17,16 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from outbox.core.errors import ConfigurationError, OutboxError
+
+if TYPE_CHECKING:
+    from outbox.settings import KafkaSettings
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -85,6 +88,12 @@ def describe(error: Exception, command: str | None = None) -> tuple[str, int] | 
     ):
         return missing, USER_ERROR
     names = {cls.__module__.split(".")[0] for cls in type(error).__mro__}
+    if names & {"sqlalchemy", "psycopg"}:
+        from outbox.database_errors import database_error
+
+        refused = database_error(error)  # TLS refused: which failure, and its fix
+        if refused is not None:
+            return f"error: {refused}", USER_ERROR
     if "sqlalchemy" in names:
         # The driver's own message; SQLAlchemy's wrapper would add the statement text.
         return f"database error: {getattr(error, 'orig', None) or error}", USER_ERROR
@@ -146,17 +155,26 @@ def _settings_problems(error: ValidationError, prefix: str) -> str:
     problems = []
     for item in error.errors():
         name = "_".join(str(part) for part in item["loc"]).upper()
-        problems.append(f"{prefix}{name}: {item['msg']}")
+        # A rule over several settings (no location) names them in its message.
+        problems.append(f"{prefix}{name}: {item['msg']}" if name else str(item["msg"]))
     return "; ".join(problems)
+
+
+def kafka_settings() -> KafkaSettings:
+    """The Kafka cluster and how to reach it (``OUTBOX_KAFKA_*``, security included), its
+    servers the local stack's broker when OUTBOX_KAFKA_BOOTSTRAP_SERVERS is not set."""
+    from outbox.settings import KafkaSettings
+    from outbox_stack.settings import StackSettings
+
+    kafka = load(KafkaSettings)
+    if kafka.bootstrap_servers is None:
+        return kafka.with_servers(load(StackSettings).bootstrap_servers)
+    return kafka
 
 
 def bootstrap_servers() -> str:
     """OUTBOX_KAFKA_BOOTSTRAP_SERVERS, else the local stack's broker."""
-    from outbox.settings import KafkaSettings
-    from outbox_stack.settings import StackSettings
-
-    configured = load(KafkaSettings).bootstrap_servers
-    return configured if configured is not None else load(StackSettings).bootstrap_servers
+    return ",".join(kafka_settings().servers)
 
 
 def configure_logging(verbose: bool) -> None:

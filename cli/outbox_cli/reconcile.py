@@ -57,14 +57,14 @@ def _moment(value: str | None, option: str) -> Any:
 
 def _sources() -> Any:
     from outbox.settings import DatabaseSettings, OutboxSettings
-    from outbox_cli._common import bootstrap_servers
+    from outbox_cli._common import kafka_settings
     from outbox_lake.settings import LakeSettings
     from outbox_reconcile.run import Sources
 
     return Sources(
         database_url=load(DatabaseSettings).database_url.get_secret_value(),
         tables=load(OutboxSettings).tables,
-        bootstrap_servers=bootstrap_servers(),
+        kafka=kafka_settings(),
         lake=load(LakeSettings),
     )
 

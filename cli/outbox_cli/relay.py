@@ -9,7 +9,7 @@ from types import FrameType
 
 import typer
 
-from outbox_cli._common import bootstrap_servers, load
+from outbox_cli._common import kafka_settings, load
 
 app = typer.Typer(help="The polling relay: outbox rows to Kafka without CDC.", no_args_is_help=True)
 dead_letters_app = typer.Typer(
@@ -52,7 +52,7 @@ def run(
     relay = Relay(
         settings,
         database_url=database_url,
-        bootstrap_servers=bootstrap_servers(),
+        kafka=kafka_settings(),
         tables=tables,
         cdc_topic_prefix=load(ConnectorSettings).topic_prefix,
         metrics=RelayMetrics(slots=slots.latest),
@@ -186,17 +186,14 @@ def discard_command(
 def aggregate_types_on_kafka() -> list[str]:
     """The aggregate types of the outbox topics (``outbox.event.<type>``) on the broker,
     sorted (``outbox db register-types --from-kafka``)."""
-    from kafka import KafkaConsumer
+    import re
 
     from outbox.core.contract import TOPIC_PREFIX
+    from outbox.kafka_reading import KafkaReader, ReaderRole
 
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap_servers().split(","),
-        client_id="outbox-register-types",
-        metrics_enabled=False,  # its per-topic names collide for a.b and a_b
-    )
+    reader = KafkaReader(kafka_settings(), ReaderRole(client_id="outbox-register-types"))
     try:
-        topics = consumer.topics()
+        topics = reader.topics(f"^{re.escape(TOPIC_PREFIX)}")
     finally:
-        consumer.close()
-    return sorted(t[len(TOPIC_PREFIX) :] for t in topics if t.startswith(TOPIC_PREFIX))
+        reader.close()
+    return [topic[len(TOPIC_PREFIX) :] for topic in topics]

@@ -80,9 +80,10 @@ def logs(lines: int = typer.Option(50, "--lines", "-n", min=1, help="How many li
 def env() -> None:
     """Print `export` lines that point the SDK and the CLI at the local stack.
 
-    The database URL (the superuser's), the broker, Connect, and the generated passwords of
-    the CDC and relay roles (for `outbox db cdc-role` and `outbox db relay-role`): eval the
-    output, do not paste it anywhere.
+    The database URL (the superuser's; it verifies PostgreSQL's certificate with the stack's
+    CA, sslmode=verify-full), the connector's TLS settings, the broker, Connect, and the
+    generated passwords of the CDC and relay roles (for `outbox db cdc-role` and
+    `outbox db relay-role`): eval the output, do not paste it anywhere.
     """
     from outbox_stack.local import shell_exports
 

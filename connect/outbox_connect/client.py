@@ -9,6 +9,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from outbox.core.database_tls import tls_error
 from outbox.core.errors import ConnectError
 
 __all__ = ["ConnectClient", "ConnectError", "ConnectorState"]
@@ -86,8 +87,35 @@ class ConnectClient:
         wanted = {**config, "name": name}
         if current == wanted:
             return False
+        self.validate(name, config)
         self.call("PUT", f"/connectors/{name}/config", config)
         return True
+
+    def validate(self, name: str, config: dict[str, str]) -> None:
+        """Have Connect check ``config`` (Debezium connects to PostgreSQL to do so); a
+        :class:`ConnectError` naming each setting it refuses, and for a TLS refusal which
+        check failed and the fix.
+
+        Asked before the config is stored: Kafka Connect 4.3 answers a refused config with
+        an error 500 of its own (a NullPointerException) that names none of the reasons.
+        """
+        answer = self.call(
+            "PUT",
+            f"/connector-plugins/{config['connector.class']}/config/validate",
+            {**config, "name": name},
+        )
+        problems = [
+            f"{value['name']}: {error}"
+            for entry in answer.get("configs", [])
+            if (value := entry.get("value"))
+            for error in value.get("errors", [])
+        ]
+        if not problems:
+            return
+        tls = next((found for p in problems if (found := tls_error(p)) is not None), None)
+        raise ConnectError(
+            f"Kafka Connect refuses connector {name}: {tls if tls else '; '.join(problems)}"
+        )
 
     def state(self, name: str) -> ConnectorState | None:
         """The connector's and its tasks' states; None when it does not exist (yet)."""
@@ -117,7 +145,8 @@ class ConnectClient:
                 return state
             if state is not None and state.failed_tasks:
                 trace = next(t for _, s, t in state.tasks if s == "FAILED") or ""
-                raise ConnectError(f"connector {name} failed: {trace.splitlines()[0:3]}")
+                tls = tls_error(trace)
+                raise ConnectError(f"connector {name} failed: {tls or trace.splitlines()[0:3]}")
             time.sleep(0.25)
         raise ConnectError(f"connector {name} is not running after {timeout:.0f} s: {state}")
 

@@ -21,6 +21,8 @@ def render_connector_config(
     connector: ConnectorSettings, outbox: OutboxSettings, *, template: Path = TEMPLATE
 ) -> dict[str, str]:
     """The connector's configuration, every ``{{name}}`` replaced; unknown names refused.
+    Debezium's TLS options (``database.sslmode``, ``database.sslrootcert``) are added when
+    their settings are set, and left out otherwise.
 
     The database password is never part of it: the worker resolves
     ``${env:OUTBOX_CONNECT_DATABASE_PASSWORD}`` from its own environment (Kafka's
@@ -54,4 +56,14 @@ def render_connector_config(
             )
         return values[name]
 
-    return {key: _PLACEHOLDER.sub(fill, value) for key, value in raw.items()}
+    config = {key: _PLACEHOLDER.sub(fill, value) for key, value in raw.items()}
+    return {**config, **_tls_config(connector)}
+
+
+def _tls_config(connector: ConnectorSettings) -> dict[str, str]:
+    """Debezium's TLS options for the settings that are set (the others stay Debezium's)."""
+    options = {
+        "database.sslmode": connector.database_sslmode,
+        "database.sslrootcert": connector.database_sslrootcert,
+    }
+    return {key: value for key, value in options.items() if value is not None}

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.core.identifiers import validate_identifier
 from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX
 
-__all__ = ["ConnectorSettings"]
+__all__ = ["ConnectorSettings", "SslMode"]
+
+SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
+"""Debezium's ``database.sslmode`` (PostgreSQL's JDBC driver's, as libpq's)."""
 
 
 class ConnectorSettings(BaseSettings):
@@ -44,6 +49,13 @@ class ConnectorSettings(BaseSettings):
     """Debezium's logical server name: it names the heartbeat topic."""
     heartbeat_interval_ms: int = Field(default=10_000, ge=100, le=3_600_000)
     """Heartbeat period: keeps the slot moving while the outbox is idle."""
+    database_sslmode: SslMode | None = None
+    """Debezium's `database.sslmode`: `verify-full` verifies the server's certificate and its
+    host name. Unset, it is left out of the connector's configuration (Debezium's default,
+    `prefer`: TLS when the server offers it, unverified)."""
+    database_sslrootcert: str | None = None
+    """Debezium's `database.sslrootcert`: the CA file (PEM), an absolute path on Connect's
+    hosts; needs `verify-ca` or `verify-full`."""
 
     @field_validator("database_name", "database_user", "slot_name")
     @classmethod
@@ -56,3 +68,25 @@ class ConnectorSettings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL such as http://connect:8083")
         return value.rstrip("/")
+
+    @field_validator("database_sslrootcert")
+    @classmethod
+    def _absolute_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(
+                "must be the absolute path of the CA file (PEM) on Connect's hosts, such as "
+                "/etc/outbox/postgres-ca.crt"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _ca_file_needs_verification(self) -> ConnectorSettings:
+        if self.database_sslrootcert is not None and self.database_sslmode not in (
+            "verify-ca",
+            "verify-full",
+        ):
+            raise ValueError(
+                "OUTBOX_CONNECT_DATABASE_SSLROOTCERT is read only when the server's certificate "
+                "is verified: set OUTBOX_CONNECT_DATABASE_SSLMODE=verify-full too"
+            )
+        return self

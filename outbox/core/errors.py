@@ -19,10 +19,14 @@ Tree (domain, then condition)::
     ├── ContractViolation (ValueError)           a record on Kafka that breaks the contract
     ├── DataLossError (RuntimeError)             records the lake had not read are gone
     ├── DeliveryTimeoutError (TimeoutError)      events did not arrive within a deadline
-    ├── BrokerError                              Kafka refused what a reader asked
+    ├── BrokerError                              Kafka refused what a client of ours asked
     │   ├── BrokerUnavailable                      Kafka did not answer
+    │   ├── BrokerAuthenticationError              who we are was refused (TLS, SASL)
+    │   ├── BrokerAuthorizationError               an operation outside our ACLs
     │   ├── RecordsGoneError                       records deleted under a reader
     │   └── ShortReadError                         a partition not read to the end it was given
+    ├── DatabaseError                            PostgreSQL refused a connection
+    │   └── DatabaseTlsError                       TLS as the client asks for it failed
     ├── ConnectError                             Kafka Connect refused or did not answer
     ├── StackError                               a local service would not install/start/stop
     └── EffectError                              the side-effect ledger
@@ -36,12 +40,16 @@ Standard library only: the packages that raise these re-export them where they a
 from __future__ import annotations
 
 __all__ = [
+    "BrokerAuthenticationError",
+    "BrokerAuthorizationError",
     "BrokerError",
     "BrokerUnavailable",
     "ConfigurationError",
     "ConnectError",
     "ContractViolation",
     "DataLossError",
+    "DatabaseError",
+    "DatabaseTlsError",
     "DedupKeyUnavailableError",
     "DeliveryTimeoutError",
     "EffectError",
@@ -170,6 +178,35 @@ class BrokerUnavailable(BrokerError):
     """Kafka did not answer one of our readers: no broker reachable, a request timed out."""
 
 
+class BrokerAuthenticationError(BrokerError):
+    """Kafka did not accept who we are, and retrying will not change it: ``reason`` says
+    what was refused, the message names the setting to fix.
+
+    - ``credentials``: the SASL login (a wrong password or an unknown user: Kafka answers
+      both alike, on purpose);
+    - ``mechanism``: the SASL mechanism is not enabled on the listener;
+    - ``untrusted_certificate``: the broker's certificate is not signed by an authority we
+      trust (``OUTBOX_KAFKA_SSL_CAFILE``);
+    - ``hostname``: the broker's certificate names another host;
+    - ``client_certificate``: the broker refused our client certificate (or wanted one);
+    - ``tls``: the TLS session failed otherwise (a protocol or cipher mismatch...).
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class BrokerAuthorizationError(BrokerError):
+    """Kafka refused an operation outside our principal's ACLs: ``resource`` (``topic``,
+    ``group``, ``transactional_id``, ``cluster``) and ``names`` say what was refused."""
+
+    def __init__(self, message: str, *, resource: str, names: str) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.names = names
+
+
 class RecordsGoneError(BrokerError):
     """The records at a reader's position were deleted (retention, a recreated topic) and
     the reader was not to skip them: ``topic``, ``partition`` and ``offset`` say where."""
@@ -196,6 +233,24 @@ class ShortReadError(BrokerError):
         self.start = start
         self.reached = reached
         self.end = end
+
+
+class DatabaseError(OutboxError):
+    """PostgreSQL refused a connection for a reason retrying does not cure; the message
+    names the server, the reason and the fix."""
+
+
+class DatabaseTlsError(DatabaseError):
+    """TLS with PostgreSQL failed as the client asked for it (``sslmode=verify-full``): the
+    server's certificate is not signed by a CA the client trusts (``sslrootcert``) or has
+    expired, it names other hosts than the one connected to, the CA file cannot be read, or
+    the server offers no TLS. ``failure`` says which (a
+    :class:`outbox.core.database_tls.TlsFailure` value). Never retried by our components: it
+    does not pass by itself, and it is what a server in the middle looks like."""
+
+    def __init__(self, message: str, *, failure: str) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 class ConnectError(OutboxError):

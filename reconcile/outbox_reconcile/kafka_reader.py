@@ -25,6 +25,7 @@ from outbox.core.errors import ShortReadError
 from outbox.core.kafka_record import KafkaRecord, Undecodable, undecodable
 from outbox.core.partition_end import Partition
 from outbox.kafka_reading import KafkaReader, ReaderRole
+from outbox.settings import KafkaSettings
 from outbox_reconcile.evidence import Evidence
 from outbox_reconcile.records import KafkaCopy, Malformed, Window, copy_of
 
@@ -52,7 +53,7 @@ class KafkaRead:
 
 
 def read_kafka(
-    bootstrap_servers: str,
+    kafka: KafkaSettings | str,
     topic_pattern: str,
     evidence: Evidence,
     window: Window,
@@ -60,7 +61,7 @@ def read_kafka(
     stall_seconds: float = 60.0,
     advance: Callable[[int], None] = lambda _: None,
 ) -> KafkaRead:
-    reader = KafkaReader(bootstrap_servers, _ROLE)
+    reader = KafkaReader(kafka, _ROLE)
     read = KafkaRead()
     try:
         partitions = reader.partitions(reader.topics(re.compile(topic_pattern)))

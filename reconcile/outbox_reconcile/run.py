@@ -15,6 +15,7 @@ from pathlib import Path
 
 from outbox.core.errors import ConfigurationError
 from outbox.core.tables import OutboxTables
+from outbox.settings import KafkaSettings
 from outbox_lake.settings import LakeSettings
 from outbox_reconcile.evidence import Evidence
 from outbox_reconcile.findings import Report, compare
@@ -39,7 +40,9 @@ Phases = Callable[[str], Callable[[int], None]]
 class Sources:
     database_url: str
     tables: OutboxTables
-    bootstrap_servers: str
+    kafka: KafkaSettings | str
+    """The cluster and how to reach it (``OUTBOX_KAFKA_*``); a plain ``host:port`` list is a
+    cluster without security."""
     lake: LakeSettings
 
 
@@ -65,7 +68,7 @@ def run_reconcile(
                 phases("outbox rows and dead letters"),
             )
             kafka = read_kafka(
-                sources.bootstrap_servers,
+                sources.kafka,
                 sources.lake.topic_pattern,
                 evidence,
                 window,

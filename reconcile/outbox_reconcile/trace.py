@@ -201,7 +201,7 @@ def _outbox(sources: Sources, lineage: Lineage) -> None:
 def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
     from kafka.partitioner.default import murmur2
 
-    reader = KafkaReader(sources.bootstrap_servers, _ROLE)
+    reader = KafkaReader(sources.kafka, _ROLE)
     try:
         starts: dict[Partition, int] = {}
         if lineage.lake:

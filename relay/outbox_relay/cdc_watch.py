@@ -26,6 +26,7 @@ from outbox.core.contract import TOPIC_PREFIX, event_id_of
 from outbox.core.kafka_record import Undecodable, undecodable
 from outbox.core.partition_end import Partition, ReadToEnd
 from outbox.kafka_reading import KafkaReader, ReaderRole
+from outbox.settings import KafkaSettings
 
 __all__ = ["CdcDeliveries", "CdcWatch", "Offsets"]
 
@@ -66,7 +67,9 @@ class CdcWatch:
     from the start), and rows must not wait for it forever.
     """
 
-    def __init__(self, bootstrap_servers: str, *, heartbeat_topic: str, offsets: Offsets) -> None:
+    def __init__(
+        self, kafka: KafkaSettings | str, *, heartbeat_topic: str, offsets: Offsets
+    ) -> None:
         self._heartbeat_topic = heartbeat_topic
         self._pattern = re.compile(f"^({re.escape(TOPIC_PREFIX)}.*|{re.escape(heartbeat_topic)})$")
         self._stored = dict(offsets)
@@ -75,7 +78,7 @@ class CdcWatch:
         """Each partition's end when it was assigned: caught up once every one is reached."""
         self._refresh_due = 0.0
         self._listed = False
-        self._reader = KafkaReader(bootstrap_servers, _ROLE)
+        self._reader = KafkaReader(kafka, _ROLE)
 
     @property
     def caught_up(self) -> bool:

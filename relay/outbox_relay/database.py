@@ -6,6 +6,10 @@ holder's session ended (its random marker lock left ``pg_locks``). The leader st
 when its own, monotonic clock says the lease may have run out (the deadline counts from
 *before* the renewal was sent, so it always ends before the database's expiry).
 
+A connection refused over TLS (an untrusted certificate, a host name not in it) raises
+:class:`~outbox.core.errors.DatabaseTlsError`, which the relay does not retry: it stops with
+the reason (``outbox relay run`` exits 2).
+
 A network cut must not keep a dead leader's session alive: both ends use TCP keepalives
 (idle 5 s, then 3 probes 2 s apart) and ``tcp_user_timeout`` (unacknowledged data gives up
 after ``lease_seconds``), so PostgreSQL drops the session in about 11 s instead of the
@@ -26,6 +30,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from outbox.core.tables import OutboxTables
+from outbox.database_errors import database_error
 from outbox_relay.cdc_watch import Offsets
 from outbox_relay.statements import RelayStatements
 
@@ -106,18 +111,24 @@ class RelayDatabase:
                 ("tcp_user_timeout", user_timeout_ms),
             )
         )
-        self._connection = psycopg.connect(
-            self._conninfo,
-            autocommit=True,
-            application_name="outbox-relay",
-            connect_timeout=5,
-            keepalives=1,
-            keepalives_idle=_KEEPALIVE_IDLE_SECONDS,
-            keepalives_interval=_KEEPALIVE_INTERVAL_SECONDS,
-            keepalives_count=_KEEPALIVE_COUNT,
-            tcp_user_timeout=user_timeout_ms,
-            options=server_side,
-        )
+        try:
+            self._connection = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                application_name="outbox-relay",
+                connect_timeout=5,
+                keepalives=1,
+                keepalives_idle=_KEEPALIVE_IDLE_SECONDS,
+                keepalives_interval=_KEEPALIVE_INTERVAL_SECONDS,
+                keepalives_count=_KEEPALIVE_COUNT,
+                tcp_user_timeout=user_timeout_ms,
+                options=server_side,
+            )
+        except psycopg.OperationalError as error:
+            refused = database_error(error)  # TLS refused: no retry cures it (the relay stops)
+            if refused is not None:
+                raise refused from error
+            raise
         self._lease_deadline = 0.0
         while True:  # a random key nobody else holds (a clash is astronomically rare)
             self._marker = secrets.randbits(62)

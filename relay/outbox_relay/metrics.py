@@ -234,7 +234,10 @@ class RelayMetrics:
             registry=r,
         )
         self.errors = Counter(
-            "outbox_relay_errors", "Failures, by kind (database, broker).", ["kind"], registry=r
+            "outbox_relay_errors",
+            "Failures, by kind (database, broker, broker_security).",
+            ["kind"],
+            registry=r,
         )
         self.floor = Gauge(
             "outbox_relay_read_floor",

@@ -28,6 +28,8 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
 from outbox.core.contract import headers_for, topic_for
+from outbox.kafka_clients import client_options, open_client
+from outbox.settings import KafkaSettings, kafka_settings
 from outbox_relay.database import OutboxRow
 from outbox_relay.failures import is_permanent, is_unreachable, reason_for
 from outbox_relay.settings import RelaySettings
@@ -81,12 +83,15 @@ def _retry(row: OutboxRow, error: BaseException | None) -> Retry:
 class ContractProducer:
     """One idempotent kafka-python producer; recreate it after a failed batch."""
 
-    def __init__(self, bootstrap_servers: str, settings: RelaySettings) -> None:
+    def __init__(self, kafka: KafkaSettings | str, settings: RelaySettings) -> None:
+        """``kafka``: the cluster and how to reach it (servers and security:
+        :mod:`outbox.kafka_clients`); a refused login raises
+        :class:`~outbox.core.errors.BrokerAuthenticationError` within seconds."""
         self._settings = settings
+        kafka = kafka_settings(kafka)
         delivery_ms = int(settings.delivery_timeout_seconds * 1000)
-        self._producer: Any = KafkaProducer(
-            bootstrap_servers=bootstrap_servers.split(","),
-            client_id="outbox-relay",
+        options = dict(
+            client_options(kafka, client_id="outbox-relay"),
             metrics_enabled=False,  # its per-topic names collide for a.b and a_b
             acks="all",
             enable_idempotence=True,
@@ -100,6 +105,7 @@ class ContractProducer:
             max_block_ms=delivery_ms,
             retry_backoff_ms=100,
         )
+        self._producer: Any = open_client(kafka, KafkaProducer, options)
 
     def publish(self, rows: Sequence[OutboxRow]) -> BatchOutcome:
         """Send every row and wait for the broker's answers (at most the delivery timeout)."""

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 
+from outbox.settings import KafkaSettings
 from outbox_relay.database import OutboxRow
 from outbox_relay.horizon import Horizon
 from outbox_relay.metrics import RelayMetrics
@@ -39,14 +40,14 @@ class BatchNotAcknowledged(Exception):
 class Sender:
     def __init__(
         self,
-        bootstrap_servers: str,
+        kafka: KafkaSettings | str,
         settings: RelaySettings,
         *,
         metrics: RelayMetrics,
         horizon: Horizon,
         check_lease: Callable[[], None],
     ) -> None:
-        self._bootstrap = bootstrap_servers
+        self._kafka = kafka
         self._settings = settings
         self._metrics = metrics
         self._horizon = horizon
@@ -58,7 +59,7 @@ class Sender:
         """Send ``rows`` and wait for the broker; a batch not acknowledged raises (retried)."""
         self._check_lease()
         if self._producer is None:
-            self._producer = ContractProducer(self._bootstrap, self._settings)
+            self._producer = ContractProducer(self._kafka, self._settings)
         started = time.monotonic()
         outcome = self._producer.publish(rows)
         if outcome.failure is not None:

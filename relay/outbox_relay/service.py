@@ -9,7 +9,9 @@ Ordering per aggregate needs a single reader in position order, hence a leader r
 shards: one relay already publishes faster than one Debezium task (see the
 benchmark), and a standby costs nothing but a connection.
 
-Faults: a database error drops the session (and leadership) and reconnects with backoff;
+Faults: a database error drops the session (and leadership) and reconnects with backoff,
+except a connection refused over TLS (:class:`~outbox.core.errors.DatabaseTlsError`: a
+certificate not trusted, or not for the host), which stops the relay with the reason;
 a batch the broker did not acknowledge at all is published again (same event ids) after a
 pause that doubles up to ``max_backoff_seconds``; a record the broker refuses for good becomes
 a dead letter; a record refused for a reason that can pass stays, and only its aggregate
@@ -29,8 +31,14 @@ from dataclasses import dataclass
 import psycopg
 from kafka.errors import KafkaError
 
-from outbox.core.errors import BrokerError
+from outbox.core.errors import (
+    BrokerAuthenticationError,
+    BrokerAuthorizationError,
+    BrokerError,
+    DatabaseError,
+)
 from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX, OutboxTables, cdc_heartbeat_topic
+from outbox.settings import KafkaSettings, kafka_settings
 from outbox_relay.cdc_watch import CdcWatch
 from outbox_relay.checks import check_database
 from outbox_relay.database import LeaseLost, OutboxRow, RelayDatabase
@@ -72,28 +80,30 @@ class Relay:
         settings: RelaySettings,
         *,
         database_url: str,
-        bootstrap_servers: str,
+        kafka: KafkaSettings | str,
         tables: OutboxTables,
         cdc_topic_prefix: str = DEFAULT_CDC_TOPIC_PREFIX,
         metrics: RelayMetrics | None = None,
         liveness: Liveness | None = None,
     ) -> None:
-        """``cdc_topic_prefix``: the connector's (OUTBOX_CONNECT_TOPIC_PREFIX); with ``tables``
-        it names the CDC heartbeat topic auto mode watches, unless the settings name one."""
+        """``kafka``: the cluster and how to reach it (``OUTBOX_KAFKA_*``; a plain
+        ``host:port`` list is a cluster without security). ``cdc_topic_prefix``: the
+        connector's (OUTBOX_CONNECT_TOPIC_PREFIX); with ``tables`` it names the CDC heartbeat
+        topic auto mode watches, unless the settings name one."""
         self.settings = settings
         self.cdc_heartbeat_topic = settings.cdc_heartbeat_topic or cdc_heartbeat_topic(
             cdc_topic_prefix, tables
         )
         self.metrics = metrics if metrics is not None else RelayMetrics()
         self.liveness = liveness or Liveness(settings.delivery_timeout_seconds + 30)
-        self._bootstrap = bootstrap_servers
+        self._kafka = kafka_settings(kafka)
         self._database = RelayDatabase(database_url, tables, settings.lease_seconds)
         self._tables = tables
         self._checked = False
         self._horizon = Horizon()
         self._handover = Handover(settings.grace_seconds)
         self._sender = Sender(
-            bootstrap_servers,
+            self._kafka,
             settings,
             metrics=self.metrics,
             horizon=self._horizon,
@@ -110,7 +120,10 @@ class Relay:
 
     def run(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set; the batch in flight then finishes."""
-        log.info("relay starting", extra={"mode": self.settings.mode.value})
+        log.info(
+            "relay starting",
+            extra={"mode": self.settings.mode.value, "kafka": self._kafka.describe()},
+        )
         try:
             while not stop.is_set():
                 try:
@@ -120,8 +133,16 @@ class Relay:
                     self.metrics.leases_lost.inc()
                     self._step_down()
                     stop.wait(self.settings.leader_retry_seconds)
+                except DatabaseError as error:  # refused for good (TLS): no retry cures it
+                    self.metrics.errors.labels("database").inc()
+                    log.error("relay stopped: %s", error)
+                    raise
                 except psycopg.Error as error:
                     self._fault("database", error, stop)
+                except (BrokerAuthenticationError, BrokerAuthorizationError) as error:
+                    # Kafka refused who we are or what we asked: an error, said each time
+                    # (with the fix), retried with backoff: a secret or an ACL may be fixed.
+                    self._fault("broker_security", error, stop, level=logging.ERROR)
                 except (KafkaError, BrokerError, BatchNotAcknowledged) as error:
                     self._fault("broker", error, stop)
         finally:
@@ -235,10 +256,13 @@ class Relay:
             self.metrics.dead_lettered.inc()
             log.error("broker refused event %s, moved to dead letters: %s", event_id, reason)
 
-    def _fault(self, kind: str, error: BaseException, stop: threading.Event) -> None:
+    def _fault(
+        self, kind: str, error: BaseException, stop: threading.Event, level: int = logging.WARNING
+    ) -> None:
         self.metrics.errors.labels(kind).inc()
         self.liveness.state = f"retrying after a {kind} error"
-        log.warning(
+        log.log(
+            level,
             "relay %s error, retrying in %.1f s: %s",
             kind,
             self._backoff,
@@ -339,7 +363,7 @@ class Relay:
         """Delete what CDC delivered; True once the watch has caught up with Kafka."""
         if self._watch is None:
             self._watch = CdcWatch(
-                self._bootstrap,
+                self._kafka,
                 heartbeat_topic=self.cdc_heartbeat_topic,
                 offsets=self._database.cdc_offsets(),
             )

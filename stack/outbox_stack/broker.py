@@ -20,20 +20,23 @@ own broker whatever a shell exports (``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` after
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import socket
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from outbox.settings import KafkaSettings
 from outbox_stack.artifacts import java_classpath, java_versions
 from outbox_stack.errors import StackError
 from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
 
-__all__ = ["BrokerStatus", "KafkaBroker", "same_servers"]
+__all__ = ["BrokerSecurity", "BrokerStatus", "KafkaBroker", "properties_text", "same_servers"]
 
 KAFKA_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -63,6 +66,24 @@ def _servers(bootstrap_servers: str) -> frozenset[str]:
     return frozenset(found)
 
 
+def properties_text(properties: Mapping[str, str]) -> str:
+    """A Java ``.properties`` file: one ``key=value`` a line, a value's backslashes and line
+    breaks escaped (a PEM certificate inline spans lines)."""
+    return "".join(
+        f"{key}={value.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}\n"
+        for key, value in properties.items()
+    )
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner only (mode 0600 from the first byte): a broker's
+    or worker's properties may hold a key or a password."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+
+
 def same_servers(first: str, second: str) -> bool:
     """Whether two bootstrap lists name the same servers (order, spaces, localhost aside)."""
     return _servers(first) == _servers(second)
@@ -81,9 +102,35 @@ class BrokerStatus:
     data_dir: Path
 
 
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """A secured broker, from code (the test suite's, ``tests/fix_secure_kafka.py``); the
+    local stack's broker has none (PLAINTEXT on loopback).
+
+    ``client_protocol``: the security protocol of the client listener
+    (``OUTBOX_STACK_BROKER_PORT``, the stack's ``bootstrap_servers``), e.g. ``SASL_SSL``.
+    ``listeners``: more listeners, name → (security protocol, port), all on 127.0.0.1.
+    ``inter_broker_listener`` and ``controller_protocol``: how the node talks to itself.
+    ``properties``: more server properties (TLS stores, SASL mechanisms and their JAAS
+    configuration, the authorizer, super users...), written to a file only its owner reads.
+    ``admin``: how the stack's own admin client reaches the broker, to tell when it is ready
+    (the client listener when it names no servers).
+    """
+
+    client_protocol: str
+    admin: KafkaSettings
+    listeners: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    inter_broker_listener: str = "CLIENT"
+    controller_protocol: str = "PLAINTEXT"
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
 class KafkaBroker:
-    def __init__(self, settings: StackSettings | None = None) -> None:
+    def __init__(
+        self, settings: StackSettings | None = None, *, security: BrokerSecurity | None = None
+    ) -> None:
         self.settings = settings if settings is not None else StackSettings()
+        self.security = security
         self.home = self.settings.root / "kafka"
         self.data_dir = self.home / "data"
         self.process = ServiceProcess("kafka", self.home, marker=KAFKA_MAIN)
@@ -108,18 +155,48 @@ class KafkaBroker:
     def describe(self) -> str:
         return f"Apache Kafka {java_versions()['kafka.version']}, KRaft, one node"
 
-    def server_properties(self) -> dict[str, str]:
+    def admin_settings(self) -> KafkaSettings:
+        """How the stack's own clients reach this broker: the client listener, or the one
+        the security's ``admin`` settings name."""
+        if self.security is None:
+            return KafkaSettings(bootstrap_servers=self.bootstrap_servers)
+        admin = self.security.admin
+        return admin if admin.bootstrap_servers else admin.with_servers(self.bootstrap_servers)
+
+    def _listeners(self) -> dict[str, str]:
         host_port = self.bootstrap_servers
         controller = f"127.0.0.1:{self.settings.broker_controller_port}"
+        if self.security is None:
+            return {
+                "listeners": f"PLAINTEXT://{host_port},CONTROLLER://{controller}",
+                "advertised.listeners": f"PLAINTEXT://{host_port}",
+                "inter.broker.listener.name": "PLAINTEXT",
+                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            }
+        named = {"CLIENT": (self.security.client_protocol, host_port)}
+        named.update(
+            (name, (protocol, f"127.0.0.1:{port}"))
+            for name, (protocol, port) in self.security.listeners.items()
+        )
+        advertised = ",".join(f"{name}://{address}" for name, (_, address) in named.items())
+        protocols = [f"{name}:{protocol}" for name, (protocol, _) in named.items()]
         return {
+            "listeners": f"{advertised},CONTROLLER://{controller}",
+            "advertised.listeners": advertised,
+            "inter.broker.listener.name": self.security.inter_broker_listener,
+            "listener.security.protocol.map": ",".join(
+                [*protocols, f"CONTROLLER:{self.security.controller_protocol}"]
+            ),
+        }
+
+    def server_properties(self) -> dict[str, str]:
+        controller = f"127.0.0.1:{self.settings.broker_controller_port}"
+        properties = {
             "process.roles": "broker,controller",
             "node.id": str(NODE_ID),
             "controller.quorum.voters": f"{NODE_ID}@{controller}",
-            "listeners": f"PLAINTEXT://{host_port},CONTROLLER://{controller}",
-            "advertised.listeners": f"PLAINTEXT://{host_port}",
+            **self._listeners(),
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.data_dir),
             # One node: every internal topic has one replica.
             "offsets.topic.replication.factor": "1",
@@ -139,13 +216,14 @@ class KafkaBroker:
             # short retention.ms loses its old records soon, as the conformance suite checks.
             "log.retention.check.interval.ms": "2000",
         }
+        if self.security is not None:
+            properties.update(self.security.properties)
+        return properties
 
     def _write_configuration(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True)
         properties = self.home / "server.properties"
-        properties.write_text(
-            "".join(f"{key}={value}\n" for key, value in self.server_properties().items())
-        )
+        write_private(properties, properties_text(self.server_properties()))
         (self.home / "log4j2.properties").write_text(_LOG4J2)
         return properties
 
@@ -224,6 +302,10 @@ class KafkaBroker:
         from kafka import KafkaAdminClient
         from kafka.errors import KafkaError
 
+        from outbox.core.errors import BrokerAuthenticationError
+        from outbox.kafka_clients import check_login, client_options
+
+        admin_settings = self.admin_settings()
         deadline = time.monotonic() + self.settings.broker_start_timeout_seconds
         last_error: Exception | None = None
         while time.monotonic() < deadline:
@@ -236,9 +318,11 @@ class KafkaBroker:
                 time.sleep(0.2)  # the JVM is still starting: a client now would only log errors
                 continue
             try:
+                check_login(admin_settings, timeout_seconds=3)
                 admin = KafkaAdminClient(
-                    bootstrap_servers=self.bootstrap_servers,
+                    **client_options(admin_settings, client_id="outbox-stack"),
                     request_timeout_ms=3000,
+                    bootstrap_timeout_ms=3000,
                 )
                 try:
                     # Registered: the metadata lists this broker (Connect's first request,
@@ -248,6 +332,8 @@ class KafkaBroker:
                 finally:
                     admin.close()
                 time.sleep(0.2)
+            except BrokerAuthenticationError as error:
+                raise StackError(f"the broker refused the stack's own client: {error}") from error
             except (KafkaError, OSError, ValueError) as error:
                 last_error = error
                 time.sleep(0.2)

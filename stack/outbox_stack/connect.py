@@ -5,10 +5,17 @@ three compacted broker topics (``outbox-connect-configs``, ``-offsets``, ``-stat
 restarted worker resumes where it stopped. REST on ``127.0.0.1:<connect port>`` only.
 
 Least privilege: the worker's process gets an allow-list of the parent's environment
-(:data:`INHERITED_VARIABLES`) plus the connector's secrets (:data:`CONNECTOR_SECRETS`), never
-the whole environment; and its ``EnvVarConfigProvider`` resolves ``${env:NAME}`` only for
-those secrets (``allowlist.pattern``), so whoever reaches the REST API cannot read anything
-else (a superuser URL, cloud keys) through a connector config.
+(:data:`INHERITED_VARIABLES`) plus the connector's secrets (:data:`CONNECTOR_SECRETS`) and the
+worker's own Kafka secrets (:data:`outbox.kafka_clients.JAVA_SECRET_VARIABLES`), never the
+whole environment; and its ``EnvVarConfigProvider`` resolves ``${env:NAME}`` only for those
+secrets (``allowlist.pattern``), so whoever reaches the REST API cannot read anything else (a
+superuser URL, cloud keys) through a connector config.
+
+A secured Kafka (``OUTBOX_KAFKA_SECURITY_PROTOCOL``...): the same security properties for the
+worker's own clients and for each prefix of its clients (``producer.``, ``consumer.``,
+``admin.``), from :func:`outbox.kafka_clients.java_client_config`; the SASL password and the
+client key are ``${env:...}`` references, resolved in memory from the worker's environment,
+never written in ``worker.properties`` (which is written mode 0600 all the same).
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ import time
 import urllib.error
 from dataclasses import dataclass
 
+from outbox.kafka_clients import JAVA_SECRET_VARIABLES, java_client_config
+from outbox.settings import KafkaSettings
 from outbox_connect.client import ConnectClient
 from outbox_stack.artifacts import java_classpath
+from outbox_stack.broker import properties_text, write_private
 from outbox_stack.errors import StackError
 from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
@@ -65,19 +75,43 @@ class ConnectStatus:
     rest_url: str
 
 
+# The worker's clients: its own (group membership, its topics), and each kind of client it
+# makes for connectors and their offsets, configured by prefix.
+CLIENT_PREFIXES = ("", "producer.", "consumer.", "admin.")
+
+
 class ConnectWorker:
-    def __init__(self, settings: StackSettings | None = None, *, bootstrap_servers: str) -> None:
+    def __init__(
+        self,
+        settings: StackSettings | None = None,
+        *,
+        bootstrap_servers: str,
+        kafka: KafkaSettings | None = None,
+    ) -> None:
+        """``kafka``: how the worker's clients reach ``bootstrap_servers`` (its security
+        settings; none by default, the local stack's broker)."""
         self.settings = settings if settings is not None else StackSettings()
         self.home = self.settings.root / "connect"
         self.process = ServiceProcess("connect", self.home, marker="ConnectDistributed")
         self.bootstrap_servers = bootstrap_servers
+        self.kafka = (kafka or KafkaSettings()).with_servers(bootstrap_servers)
         self.rest_url = f"http://127.0.0.1:{self.settings.connect_port}"
         self.client = ConnectClient(self.rest_url)
 
     def worker_properties(self) -> dict[str, str]:
         port = str(self.settings.connect_port)
+        security = java_client_config(self.kafka).properties
+        security.pop("bootstrap.servers")
+        if self.kafka.security_protocol == "PLAINTEXT":
+            security = {}  # Kafka's default: the local stack's worker.properties stay short
+        clients = {
+            f"{prefix}{name}": value
+            for prefix in CLIENT_PREFIXES
+            for name, value in security.items()
+        }
         return {
             "bootstrap.servers": self.bootstrap_servers,
+            **clients,
             "group.id": CONNECT_GROUP,
             "key.converter": "org.apache.kafka.connect.storage.StringConverter",
             "value.converter": "org.apache.kafka.connect.storage.StringConverter",
@@ -116,7 +150,8 @@ class ConnectWorker:
         }
 
     def worker_environment(self, secrets: dict[str, str]) -> dict[str, str]:
-        """The worker's whole environment: the allow-listed variables and the secrets."""
+        """The worker's whole environment: the allow-listed variables, the connector's
+        secrets, and the worker's Kafka secrets (referenced by its properties)."""
         unknown = set(secrets) - set(CONNECTOR_SECRETS)
         if unknown:
             raise StackError(
@@ -124,7 +159,7 @@ class ConnectWorker:
                 f"not {', '.join(sorted(unknown))}"
             )
         inherited = {name: os.environ[name] for name in INHERITED_VARIABLES if name in os.environ}
-        return {**inherited, **secrets}
+        return {**inherited, **secrets, **java_client_config(self.kafka).environment}
 
     def up(self, *, secrets: dict[str, str] | None = None) -> ConnectStatus:
         """Start if stopped; wait until REST answers and lists Debezium's plugins."""
@@ -139,9 +174,7 @@ class ConnectWorker:
             classpath = java_classpath(self.settings.downloads_root, "connect")
             self.home.mkdir(parents=True, exist_ok=True)
             properties = self.home / "worker.properties"
-            properties.write_text(
-                "".join(f"{key}={value}\n" for key, value in self.worker_properties().items())
-            )
+            write_private(properties, properties_text(self.worker_properties()))
             (self.home / "log4j2.properties").write_text(_LOG4J2)
             self.process.start(
                 [
@@ -198,5 +231,7 @@ class ConnectWorker:
 
 
 def secrets_pattern() -> str:
-    """``allowlist.pattern`` of the worker's ``EnvVarConfigProvider``: the secrets, exactly."""
-    return "^(" + "|".join(re.escape(name) for name in CONNECTOR_SECRETS) + ")$"
+    """``allowlist.pattern`` of the worker's ``EnvVarConfigProvider``: the secrets, exactly
+    (the connector's, and the worker's own Kafka secrets its properties reference)."""
+    names = (*CONNECTOR_SECRETS, *JAVA_SECRET_VARIABLES)
+    return "^(" + "|".join(re.escape(name) for name in names) + ")$"

@@ -208,7 +208,7 @@ class DemoPipeline:
         since = self._since()
         topic = topic_for(ORDER_TYPE)
         reader = KafkaReader(
-            self.stack.bootstrap_servers,
+            self.stack.kafka,
             ReaderRole(client_id="outbox-demo", when_offsets_gone="earliest"),
         )
         seen: set[uuid.UUID] = set()

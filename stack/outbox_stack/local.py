@@ -58,7 +58,16 @@ class LocalStack:
         )
         self.broker = None if self.external_kafka else self.own_broker
         self.bootstrap_servers = self.external_kafka or self.own_broker.bootstrap_servers
-        self.connect = ConnectWorker(self.settings, bootstrap_servers=self.bootstrap_servers)
+        # An external cluster is reached with the security settings (OUTBOX_KAFKA_*); the
+        # stack's own broker is PLAINTEXT on loopback.
+        self.kafka = (
+            kafka
+            if self.external_kafka
+            else KafkaSettings(bootstrap_servers=self.bootstrap_servers)
+        )
+        self.connect = ConnectWorker(
+            self.settings, bootstrap_servers=self.bootstrap_servers, kafka=self.kafka
+        )
 
     def up(self) -> list[ServiceLine]:
         self.postgres.up()
@@ -68,12 +77,19 @@ class LocalStack:
         return self.status()
 
     def environment(self) -> dict[str, str]:
-        """What ``outbox stack env`` exports: the SDK's and the CLI's settings for this stack."""
+        """What ``outbox stack env`` exports: the SDK's and the CLI's settings for this stack
+        (never the Kafka security settings: an external cluster's are the shell's already).
+
+        The database URL and the connector verify PostgreSQL's certificate against the stack's
+        CA (``sslmode=verify-full``, the CA file as ``sslrootcert``)."""
+        tls = self.postgres.tls_parameters()
         return {
             "OUTBOX_DATABASE_URL": self.postgres.url(),
             "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
             "OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password(),
             "OUTBOX_CONNECT_DATABASE_PORT": str(self.postgres.port),
+            "OUTBOX_CONNECT_DATABASE_SSLMODE": tls["sslmode"],
+            "OUTBOX_CONNECT_DATABASE_SSLROOTCERT": tls["sslrootcert"],
             "OUTBOX_CONNECT_URL": self.connect.rest_url,
             "OUTBOX_RELAY_DATABASE_PASSWORD": self.relay_password(),
         }

@@ -10,6 +10,11 @@ refuses root). Nothing here touches a system cluster.
 Security: no ``trust`` anywhere: every connection, over TCP and over the Unix socket, proves
 the password (SCRAM); the socket folder is 0700, so only the server's user reaches it;
 password files are created 0600 from their first byte (:mod:`outbox_stack.secrets`).
+TCP takes TLS only (``ssl=on``, ``hostssl`` rules): the server's certificate is signed by a CA
+of the stack's own (:mod:`outbox_stack.tls`), and the URLs this module gives (``url``,
+``conninfo``) verify it with ``sslmode=verify-full`` and ``sslrootcert=<the CA file>``.
+Clients that do not ask for TLS get it anyway (libpq's and PostgreSQL's JDBC driver's default,
+``prefer``), without verification.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 from urllib.parse import quote
 
 import psycopg
@@ -35,12 +41,15 @@ from outbox_stack.errors import StackError
 from outbox_stack.secrets import read_or_create_secret, write_secret
 from outbox_stack.server_home import RUN_AS, server_home
 from outbox_stack.settings import StackSettings
+from outbox_stack.tls import TlsFiles, ensure_certificates
 
 __all__ = ["PostgresCluster", "PostgresStatus"]
 
 log = logging.getLogger(__name__)
 
 SUPERUSER = "postgres"
+# What clients ask of the server's certificate: signed by the CA, and for the host they named.
+SSLMODE: Literal["verify-full"] = "verify-full"
 # The kernel's limit on a Unix socket's path (sun_path), less the terminating NUL.
 _SOCKET_PATH_MAX = 107
 # Passed at each start (so a restart applies a change). fsync stays on: benchmarks measure
@@ -68,6 +77,7 @@ class PostgresStatus:
     data_dir: Path
     log_file: Path
     socket_dir: Path
+    ca_file: Path
 
 
 class PostgresCluster:
@@ -102,25 +112,54 @@ class PostgresCluster:
     def log_file(self) -> Path:
         return self.server_home / "postgres.log"
 
+    @property
+    def ca_file(self) -> Path:
+        """The stack's CA certificate, which clients trust (``sslrootcert``)."""
+        return self.home / "tls" / "ca.crt"
+
+    @property
+    def tls_files(self) -> TlsFiles:
+        server = self.server_home / "tls"
+        return TlsFiles(self.ca_file, server / "server.crt", server / "server.key")
+
+    def tls_parameters(self) -> dict[str, str]:
+        """libpq's parameters that verify the server: ``sslmode`` and ``sslrootcert``."""
+        return {"sslmode": SSLMODE, "sslrootcert": str(self.ca_file)}
+
     # --- addresses -------------------------------------------------------------------------
 
     def url(self, database: str | None = None, *, driver: str = "postgresql+psycopg") -> str:
-        """SQLAlchemy URL of ``database`` (default: the stack's), with the password."""
+        """SQLAlchemy URL of ``database`` (default: the stack's), with the password, verifying
+        the server's certificate (``?sslmode=verify-full&sslrootcert=<CA file>``)."""
         name = database or self.settings.postgres_database
         password = quote(self.password(), safe="")
-        return f"{driver}://{SUPERUSER}:{password}@127.0.0.1:{self.port}/{name}"
+        return f"{driver}://{SUPERUSER}:{password}@127.0.0.1:{self.port}/{name}?{self._query()}"
 
     def conninfo(self, database: str | None = None) -> str:
-        """libpq connection string, for psycopg."""
-        name = database or self.settings.postgres_database
-        return psycopg.conninfo.make_conninfo(
-            host="127.0.0.1", port=self.port, user=SUPERUSER, password=self.password(), dbname=name
-        )
+        """libpq connection string, for psycopg; it verifies the server's certificate."""
+        return self._conninfo(database, verify=True)
 
     def display_url(self, database: str | None = None) -> str:
         """The URL with its password masked: safe to print and log."""
         name = database or self.settings.postgres_database
-        return f"postgresql+psycopg://{SUPERUSER}:***@127.0.0.1:{self.port}/{name}"
+        return f"postgresql+psycopg://{SUPERUSER}:***@127.0.0.1:{self.port}/{name}?{self._query()}"
+
+    def _query(self) -> str:
+        return "&".join(
+            f"{key}={quote(value, safe='/')}" for key, value in self.tls_parameters().items()
+        )
+
+    def _conninfo(self, database: str | None, *, verify: bool) -> str:
+        name = database or self.settings.postgres_database
+        tls = self.tls_parameters() if verify else {}
+        return psycopg.conninfo.make_conninfo(
+            host="127.0.0.1",
+            port=self.port,
+            user=SUPERUSER,
+            password=self.password(),
+            dbname=name,
+            **tls,
+        )
 
     def cdc_password(self) -> str:
         """The password of the local stack's CDC role, generated once (file mode 0600)."""
@@ -142,10 +181,19 @@ class PostgresCluster:
     # --- life cycle ------------------------------------------------------------------------
 
     def up(self) -> PostgresStatus:
-        """Install if needed, initialise if needed, start if stopped, wait until it answers."""
+        """Install if needed, initialise if needed, start if stopped, wait until it answers.
+
+        A server already running is restarted when its certificate was just renewed, or
+        when it does not serve TLS yet (started by a version before TLS).
+        """
         self.ensure_binaries()
         self.init()
+        renewed = self.ensure_tls()
         if not self.is_running():
+            self._start()
+        elif renewed or not self._serves_tls():
+            log.warning("restarting the private Postgres: it serves TLS with %s", self.ca_file)
+            self.down()
             self._start()
         self.wait_until_ready()
         self.ensure_database(self.settings.postgres_database)
@@ -169,6 +217,7 @@ class PostgresCluster:
         # Only what the server made: OUTBOX_STACK_POSTGRES_SERVER_DIR may name a shared folder.
         shutil.rmtree(self.data_dir, ignore_errors=True)
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        shutil.rmtree(self.tls_files.server_key.parent, ignore_errors=True)
         self.log_file.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             self.server_home.rmdir()  # when empty
@@ -182,6 +231,7 @@ class PostgresCluster:
             data_dir=self.data_dir,
             log_file=self.log_file,
             socket_dir=self.socket_dir,
+            ca_file=self.ca_file,
         )
 
     def is_running(self) -> bool:
@@ -250,13 +300,25 @@ class PostgresCluster:
         finally:
             pwfile.unlink(missing_ok=True)
 
+    def ensure_tls(self) -> bool:
+        """Make the stack's CA and the server's certificate unless valid ones are there (see
+        :mod:`outbox_stack.tls`); True when new ones were made."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        return ensure_certificates(
+            self.tls_files, label=str(self.settings.root), owner=self._run_as_ids()
+        )
+
     def wait_until_ready(self) -> None:
-        """Probe with a real connection until it succeeds or the deadline passes."""
+        """Probe with a real connection, verifying the server's certificate, until it succeeds
+        or the deadline passes."""
+        self._wait(self.conninfo("postgres"))
+
+    def _wait(self, conninfo: str) -> None:
         deadline = time.monotonic() + self.settings.postgres_start_timeout_seconds
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                with psycopg.connect(self.conninfo("postgres"), connect_timeout=2) as connection:
+                with psycopg.connect(conninfo, connect_timeout=2) as connection:
                     connection.execute("SELECT 1")
                 return
             except psycopg.OperationalError as error:
@@ -267,6 +329,16 @@ class PostgresCluster:
             f"{self.settings.postgres_start_timeout_seconds:.0f} s (last error: {last_error}); "
             f"see {self.log_file}"
         )
+
+    def _serves_tls(self) -> bool:
+        """Whether the running server has TLS on, with the certificate of :attr:`tls_files`."""
+        unverified = self._conninfo("postgres", verify=False)
+        self._wait(unverified)
+        with psycopg.connect(unverified, connect_timeout=5) as connection:
+            row = connection.execute(
+                "SELECT current_setting('ssl'), current_setting('ssl_cert_file')"
+            ).fetchone()
+        return row == ("on", str(self.tls_files.server_cert))
 
     def ensure_database(self, name: str) -> None:
         with psycopg.connect(self.conninfo("postgres"), autocommit=True) as connection:
@@ -295,6 +367,9 @@ class PostgresCluster:
                 str(self.socket_dir) if len(str(socket)) <= _SOCKET_PATH_MAX else ""
             ),
             "unix_socket_permissions": "0700",
+            "ssl": "on",
+            "ssl_cert_file": str(self.tls_files.server_cert),
+            "ssl_key_file": str(self.tls_files.server_key),
         }
         # pg_ctl hands these to a shell: quote every value.
         options = " ".join(f"-c {name}={shlex.quote(value)}" for name, value in settings.items())
@@ -302,7 +377,7 @@ class PostgresCluster:
         self.socket_dir.mkdir(mode=0o700, exist_ok=True)
         self.socket_dir.chmod(0o700)
         self._give_to_run_as(self.socket_dir)
-        self._refuse_trust()
+        self._harden_hba()
         self.log_file.touch()
         self._give_to_run_as(self.log_file)
         result = self._pg_ctl(
@@ -323,19 +398,20 @@ class PostgresCluster:
                 f"{result.stdout}{result.stderr}\n--- {self.log_file} ---\n{tail}"
             )
 
-    def _refuse_trust(self) -> None:
-        """Rewrite any ``trust`` rule of pg_hba.conf to ``scram-sha-256`` (the superuser has a
-        password since initdb), in place: the file keeps its owner and mode."""
+    def _harden_hba(self) -> None:
+        """Rewrite pg_hba.conf in place (the file keeps its owner and mode): any ``trust``
+        rule asks for the password (``scram-sha-256``: the superuser has one since initdb),
+        and every TCP rule (``host``) takes TLS only (``hostssl``)."""
         hba = self.data_dir / "pg_hba.conf"
         lines = hba.read_text().splitlines(keepends=True)
-        fixed = [
-            re.sub(r"\btrust(\s*)$", r"scram-sha-256\1", line)
-            if not line.lstrip().startswith("#")
-            else line
-            for line in lines
-        ]
+        fixed = [line if line.lstrip().startswith("#") else _hardened(line) for line in lines]
         if fixed != lines:
-            log.warning("pg_hba.conf of %s: `trust` replaced by scram-sha-256", self.data_dir)
+            trusted = any(re.search(r"\btrust\s*$", line) for line in lines if line not in fixed)
+            log.log(
+                logging.WARNING if trusted else logging.INFO,
+                "pg_hba.conf of %s rewritten: no `trust`, TCP over TLS only (`hostssl`)",
+                self.data_dir,
+            )
             with hba.open("r+") as handle:
                 handle.write("".join(fixed))
                 handle.truncate()
@@ -370,3 +446,9 @@ class PostgresCluster:
         if path.is_dir():
             for child in path.rglob("*"):
                 shutil.chown(child, RUN_AS, RUN_AS)
+
+
+def _hardened(rule: str) -> str:
+    """One pg_hba.conf rule with the password asked for and TCP over TLS only."""
+    rule = re.sub(r"\btrust(\s*)$", r"scram-sha-256\1", rule)
+    return re.sub(r"^(\s*)host(\s)", r"\1hostssl\2", rule)

@@ -188,7 +188,7 @@ def test_the_demos_wait_passes_it(crafted: Crafted, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(demo, "topic_for", lambda _aggregate_type: crafted.topic)
     monkeypatch.setattr(demo, "DELIVERY_TIMEOUT_SECONDS", 60.0)
     pipeline = object.__new__(demo.DemoPipeline)
-    pipeline.stack = SimpleNamespace(bootstrap_servers=crafted.bootstrap)
+    pipeline.stack = SimpleNamespace(bootstrap_servers=crafted.bootstrap, kafka=crafted.bootstrap)
     pipeline.since = crafted.started - 1
     pipeline.await_on_kafka(4)  # returns: the four good events of this run are there
 

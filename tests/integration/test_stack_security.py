@@ -76,8 +76,9 @@ def test_a_cluster_made_with_trust_is_hardened_at_its_next_start(
 def test_secret_files_are_0600_from_their_first_byte(
     own_cluster: PostgresCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With umask 0, the superuser's and CDC passwords and initdb's password file are each
-    written through a descriptor whose file is already 0600 (never written, then chmod'ed)."""
+    """With umask 0, the superuser's and CDC passwords, the server's TLS key and initdb's
+    password file are each written through a descriptor whose file is already 0600 (never
+    written, then chmod'ed); the key and initdb's file are the server user's before that."""
     writes: list[os.stat_result] = []
     write = os.write
 
@@ -101,7 +102,12 @@ def test_secret_files_are_0600_from_their_first_byte(
         assert (first[0].st_mode & 0o777, first[0].st_size) == (0o600, 0), secret
         assert secret.stat().st_mode & 0o777 == 0o600
     server_uid = pwd.getpwnam("postgres").pw_uid if os.geteuid() == 0 else os.geteuid()
-    inodes = {secret.stat().st_ino for secret in secrets}
+    key = own_cluster.tls_files.server_key
+    first_of_key = [status for status in writes if status.st_ino == key.stat().st_ino]
+    assert [(s.st_mode & 0o777, s.st_size, s.st_uid) for s in first_of_key[:1]] == [
+        (0o600, 0, server_uid)
+    ], "the server's TLS key: 0600 and the server user's before its first byte"
+    inodes = {path.stat().st_ino for path in (*secrets, key)}
     initdb_pwfile = [status for status in writes if status.st_ino not in inodes]
     assert [(s.st_mode & 0o777, s.st_size, s.st_uid) for s in initdb_pwfile] == [
         (0o600, 0, server_uid)
@@ -112,7 +118,10 @@ def test_secret_files_are_0600_from_their_first_byte(
 def test_connect_gets_only_the_variables_it_needs(kafka_services: KafkaServices) -> None:
     """The worker's environment is an allow-list plus the connector's secret, and `${env:…}`
     in a connector config resolves that secret only: PATH, which the worker has, stays
-    unresolved when Connect's REST API validates a config (which resolves providers)."""
+    unresolved when Connect's REST API validates a config (which resolves providers). The
+    probe is Debezium's connector, the worker's one plugin (Kafka's FileStream connectors are
+    not on its class path; it reports no values, but its check of ``topic.prefix`` echoes
+    the value it got)."""
     pid = kafka_services.connect.process.pid()
     assert pid is not None
     names = {

@@ -53,7 +53,7 @@ def without(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 @pytest.mark.parametrize(
     ("command", "library", "extra"),
     [
-        (["relay", "dead-letters", "list"], "kafka", "relay"),
+        (["relay", "run"], "kafka", "relay"),
         (["relay", "run"], "prometheus_client", "relay"),
         (["lake", "tables"], "deltalake", "lake"),
         (["reconcile"], "pyarrow", "lake"),

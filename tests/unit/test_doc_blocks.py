@@ -16,17 +16,8 @@ BLOCKS = all_blocks()
 
 
 def marked(blocks: list[Block]) -> list[object]:
-    """Blocks as parameters; those awaiting their page's owner expected to fail."""
-    return [
-        pytest.param(
-            block,
-            id=block.where,
-            marks=[pytest.mark.xfail(strict=True, reason=block.awaiting_owner("marks"))]
-            if block.awaiting_owner("marks")
-            else [],
-        )
-        for block in blocks
-    ]
+    """Blocks as parameters, named by page and line."""
+    return [pytest.param(block, id=block.where) for block in blocks]
 
 
 def test_every_page_but_the_lakes_is_covered() -> None:

@@ -26,6 +26,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 EXTRA_OF = {
     "outbox/consumer.py": "relay",
     "outbox/kafka_reading.py": "relay",
+    "outbox/kafka_clients.py": "relay",
     "outbox/_lenient_records.py": "relay",
     "outbox/effect_metrics.py": "relay",
     "examples/outbox_examples/shipping_service.py": "relay",

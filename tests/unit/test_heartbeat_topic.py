@@ -54,7 +54,7 @@ def test_the_relay_watches_the_heartbeat_topic_the_connector_writes(
     relay = Relay(
         RelaySettings(mode=RelayMode.AUTO),
         database_url="postgresql+psycopg://user@127.0.0.1:1/db",  # never connected here
-        bootstrap_servers="127.0.0.1:1",
+        kafka="127.0.0.1:1",
         tables=outbox.tables,
         cdc_topic_prefix=prefix,
     )
@@ -67,7 +67,7 @@ def test_a_heartbeat_topic_set_for_the_relay_wins() -> None:
     relay = Relay(
         RelaySettings(cdc_heartbeat_topic="elsewhere.hb"),
         database_url="postgresql+psycopg://user@127.0.0.1:1/db",
-        bootstrap_servers="127.0.0.1:1",
+        kafka="127.0.0.1:1",
         tables=OutboxSettings().tables,
     )
     assert relay.cdc_heartbeat_topic == "elsewhere.hb"

@@ -49,7 +49,10 @@ class _StalledBroker:
         return dict.fromkeys(tps, 10)
 
     def assign(self, tps: list[Any]) -> None:
-        pass
+        self._assigned = set(tps)
+
+    def assignment(self) -> set[Any]:
+        return getattr(self, "_assigned", set())
 
     def seek(self, tp: Any, offset: int) -> None:
         self._position = offset

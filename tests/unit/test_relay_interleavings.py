@@ -362,7 +362,7 @@ def run_relay(
                 http_port=0,
             ),
             database_url="postgresql://unused",
-            bootstrap_servers="unused:9092",
+            kafka="unused:9092",
             tables=OutboxSettings().tables,
         )
         relays.append(relay)

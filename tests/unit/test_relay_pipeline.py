@@ -201,7 +201,7 @@ def relay_until_nothing_to_read(
     relay = Relay(
         settings,
         database_url="postgresql://unused",
-        bootstrap_servers="unused:9092",
+        kafka="unused:9092",
         tables=OutboxSettings().tables,
     )
     stop = threading.Event()
