@@ -17,7 +17,16 @@ COPY relay ./relay
 COPY lake ./lake
 COPY reconcile ./reconcile
 COPY examples ./examples
-RUN pip install '.[relay,lake]' && useradd --system --uid 10001 --home /app outbox \
+# The lake job's jars (Spark's Kafka source, Delta's Spark writer, as stack/outbox_stack/java pins
+# them) are fetched once here with Maven, which is removed after: the job finds them in
+# OUTBOX_STACK_DOWNLOADS and needs no network at start.
+ENV OUTBOX_STACK_DOWNLOADS=/opt/outbox/downloads
+RUN pip install '.[relay,lake]' \
+    && apt-get update && apt-get install -y --no-install-recommends maven \
+    && outbox lake packages --jars \
+    && rm -rf "$OUTBOX_STACK_DOWNLOADS/m2" /root/.m2 \
+    && apt-get purge -y --auto-remove maven && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --home /app outbox \
     && mkdir -p /lake && chown outbox /lake
 USER outbox
 ENV OUTBOX_RELAY_HTTP_HOST=0.0.0.0 OUTBOX_RELAY_HTTP_PORT=8090

@@ -36,16 +36,28 @@ class ChaosSettings(BaseSettings):
     ``keep``: keep the stack's data after a passing run (a failing run always keeps it).
     """
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_CHAOS_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_CHAOS_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     seed: int = Field(default_factory=lambda: secrets.randbelow(1_000_000), ge=0)
+    """Seed of the fault schedule and the writers' choices (unset: random, and printed, so a
+    failing run can be replayed)."""
     duration_seconds: float = Field(default=420.0, ge=30, le=86_400)
+    """How long the writers write while faults are injected."""
     events_per_second: float = Field(default=150.0, gt=0, le=5_000)
+    """The writers' combined target rate."""
     faults_per_kind: int = Field(default=2, ge=1, le=50)
+    """How many times each kind of fault is injected."""
     drain_timeout_seconds: float = Field(default=420.0, ge=30, le=7_200)
+    """How long the outbox may take to empty and the lake to catch up once the writers stopped.
+    """
     stack_dir: Path = ROOT / ".stack" / "chaos"
+    """The chaos stack's own folder (deleted and made again at each run)."""
     keep: bool = False
+    """Keep the stack's data after a passing run (a failing run always keeps it)."""
     short: bool = False
+    """The short profile (`--short`, as CI runs it)."""
 
     @classmethod
     def for_run(cls, *, short: bool, **given: object) -> ChaosSettings:

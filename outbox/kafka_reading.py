@@ -173,6 +173,19 @@ class KafkaReader:
                 found += [TopicPartition(topic, number) for number in sorted(numbers)]
         return found
 
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, str | None]:
+        """Each topic's Kafka id from fresh metadata (``None``: the broker gives none, or
+        the topic does not exist): a topic deleted and made again has a new one."""
+        with kafka_errors(self.settings):
+            self._consumer.topics()  # fresh metadata
+        cluster = getattr(self._consumer, "_cluster", None)
+        found: dict[str, str | None] = {}
+        for topic in topics:
+            topic_id = cluster.topic_id(topic) if cluster is not None else None
+            # kafka-python's all-zero id stands for "unknown"
+            found[topic] = str(topic_id) if topic_id is not None and topic_id.int else None
+        return found
+
     def beginnings(self, partitions: Iterable[Partition]) -> dict[Partition, int]:
         with kafka_errors(self.settings):
             return dict(self._consumer.beginning_offsets(_tps(partitions)))

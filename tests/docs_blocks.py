@@ -40,7 +40,6 @@ _MARK = re.compile(r"^\s*<!--\s*(?P<mark>.*?)\s*-->\s*$")
 _EXCERPT_OF = re.compile(r"excerpt of (?P<program>\S+), run by (?P<test>\S+)")
 
 
-
 def pages() -> list[str]:
     """The README and every page of docs/, but those tested elsewhere."""
     docs = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))

@@ -111,46 +111,6 @@ COMPONENTS = [
 
 # Meanings of fields whose class has no docstring for them yet (their packages are owned
 # elsewhere); the field's own docstring wins as soon as it has one.
-PENDING_MEANINGS: dict[str, str] = {
-    "OUTBOX_LAKE_ROOT": "Folder or object-store URI of the Delta tables (checkpoints in "
-    "`_checkpoints/`).",
-    "OUTBOX_LAKE_TOPIC_PATTERN": "Regex of the topics to ingest (new matching topics are "
-    "picked up without a restart).",
-    "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH": "Admission control: records per micro-batch (bounds "
-    "the driver's memory).",
-    "OUTBOX_LAKE_MAX_BYTES_PER_BATCH": "Admission control: bytes of keys, values and headers "
-    "per micro-batch (with `OUTBOX_LAKE_END_OFFSETS=scan`).",
-    "OUTBOX_LAKE_TRIGGER_SECONDS": "Micro-batch interval.",
-    "OUTBOX_LAKE_FAIL_ON_DATA_LOSS": "Stop when records not yet ingested are gone (retention, "
-    "a recreated topic); `false`: go on from the earliest offset there is, logged.",
-    "OUTBOX_LAKE_SPARK_MASTER": "Spark master URL (`local[2]`, `spark://host:7077`...).",
-    "OUTBOX_LAKE_SPARK_BIND_ADDRESS": "Address the Spark driver listens on and advertises "
-    "(loopback; on a cluster, one the executors reach).",
-    "OUTBOX_LAKE_QUERY_NAME": "Names the streaming query, and so its checkpoint.",
-    "OUTBOX_LAKE_METRICS_PORT": "Port of the job's `/metrics` (0: none).",
-    "OUTBOX_LAKE_METRICS_ADDRESS": "Address of the job's `/metrics` (`0.0.0.0` in a container).",
-    "OUTBOX_LAKE_END_OFFSETS": "`scan`: find each partition's end by reading; `broker`: trust "
-    "the broker's end offsets (Apache Kafka; cheaper).",
-    "OUTBOX_RECONCILE_STUCK_AFTER_SECONDS": "An outbox row older than this whose event is not "
-    "on Kafka is stuck (younger: in flight).",
-    "OUTBOX_RECONCILE_STALL_SECONDS": "A partition whose read does not move for this long "
-    "before its end stops the run with an error naming it (never a report of a partial read).",
-    "OUTBOX_RECONCILE_EXAMPLES": "Examples kept per finding and aggregate type.",
-    "OUTBOX_RECONCILE_WORK_DIR": "Where the on-disk evidence file goes (unset: the system's "
-    "temporary folder; about 700 bytes per event, deleted at the end).",
-    "OUTBOX_RECONCILE_CACHE_MB": "SQLite's page cache, the bulk of reconcile's memory.",
-    "OUTBOX_CHAOS_SEED": "Seed of the fault schedule and the writers' choices (unset: random, "
-    "and printed, so a failing run can be replayed).",
-    "OUTBOX_CHAOS_DURATION_SECONDS": "How long the writers write while faults are injected.",
-    "OUTBOX_CHAOS_EVENTS_PER_SECOND": "The writers' combined target rate.",
-    "OUTBOX_CHAOS_FAULTS_PER_KIND": "How many times each kind of fault is injected.",
-    "OUTBOX_CHAOS_DRAIN_TIMEOUT_SECONDS": "How long the outbox may take to empty and the lake "
-    "to catch up once the writers stopped.",
-    "OUTBOX_CHAOS_STACK_DIR": "The chaos stack's own folder (deleted and made again at each run).",
-    "OUTBOX_CHAOS_KEEP": "Keep the stack's data after a passing run (a failing run always "
-    "keeps it).",
-    "OUTBOX_CHAOS_SHORT": "The short profile (`--short`, as CI runs it).",
-}
 
 
 class Variable(NamedTuple):
@@ -166,7 +126,7 @@ def variables(component: Component) -> list[Variable]:
     found = []
     for field_name, field in settings.model_fields.items():
         name = (prefix + field_name).upper()
-        meaning = " ".join((field.description or PENDING_MEANINGS.get(name, "")).split())
+        meaning = " ".join((field.description or "").split())
         found.append(Variable(name, _default(field), _bounds(field), meaning))
     return found
 

@@ -46,6 +46,7 @@ EXTRA_OF_LIBRARY = {
     "pyspark": "lake",
     "py4j": "lake",
     "deltalake": "lake",
+    "delta": "lake",
     "pyarrow": "lake",
     "pandas": "lake",
     "numpy": "lake",
@@ -170,11 +171,6 @@ def kafka_settings() -> KafkaSettings:
     if kafka.bootstrap_servers is None:
         return kafka.with_servers(load(StackSettings).bootstrap_servers)
     return kafka
-
-
-def bootstrap_servers() -> str:
-    """OUTBOX_KAFKA_BOOTSTRAP_SERVERS, else the local stack's broker."""
-    return ",".join(kafka_settings().servers)
 
 
 def configure_logging(verbose: bool) -> None:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from outbox_cli._common import bootstrap_servers, fail, load
+from outbox_cli._common import fail, kafka_settings, load
 
 if TYPE_CHECKING:
     from outbox_lake.settings import LakeSettings
@@ -25,19 +25,20 @@ def ingest(
     """Run the Spark ingest job (continuous unless --available-now).
 
     Settings: OUTBOX_LAKE_* (root, topic pattern, batch limit, trigger, Spark master) and
-    OUTBOX_KAFKA_BOOTSTRAP_SERVERS. Spark's Kafka source and Delta's Spark writer: the jars
-    of OUTBOX_LAKE_SPARK_JARS, or the coordinates of OUTBOX_LAKE_SPARK_PACKAGES, or (neither
-    set) the project's pinned jars, fetched from Maven Central once into the stack's cache.
+    OUTBOX_KAFKA_* (the cluster and its security). Spark's Kafka source and Delta's Spark
+    writer: the jars of OUTBOX_LAKE_SPARK_JARS, or the coordinates of
+    OUTBOX_LAKE_SPARK_PACKAGES, or (neither set) the project's pinned jars, fetched from Maven
+    Central once into the stack's cache.
     """
     from outbox_lake.job import run_ingest
     from outbox_lake.settings import LakeSettings
     from outbox_relay.logs import configure_json_logging
 
     settings = with_spark_jars(load(LakeSettings))
-    bootstrap = bootstrap_servers()
+    kafka = kafka_settings()
     configure_json_logging("INFO")
     try:
-        run_ingest(settings, bootstrap, available_now=available_now)
+        run_ingest(settings, kafka, available_now=available_now)
     except Exception as error:
         # Spark hands the source's errors back as Java exceptions whose text holds the
         # Python one; ops get its first line, and the full trace is in the log above

@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from outbox.core.errors import DataLossError
-from outbox_lake.kafka_metadata import KafkaMetadata
+from outbox.kafka_clients import spark_options
+from outbox.settings import KafkaSettings, kafka_settings
+from outbox_lake.kafka_metadata import LAKE_CLIENT_ID, KafkaMetadata
 from outbox_lake.metrics import LakeMetrics
 from outbox_lake.offsets import (
     BrokerPartition,
@@ -56,6 +58,7 @@ __all__ = ["LogGuard", "kafka_options", "read_stream", "run_ingest", "spark_sess
 log = logging.getLogger("outbox.lake.job")
 
 _LOG4J2 = Path(__file__).with_name("log4j2.properties")
+SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|ssl[.]keystore[.]key|url"
 
 
 def spark_session(settings: LakeSettings) -> Any:
@@ -83,6 +86,10 @@ def spark_session(settings: LakeSettings) -> Any:
         .set("spark.driver.host", settings.spark_bind_address)
         .set("spark.driver.bindAddress", settings.spark_bind_address)
         .set("spark.sql.session.timeZone", "UTC")
+        # Kafka's security options carry the SASL password (in the JAAS line) and a client
+        # key inline: redacted wherever Spark shows options (plans, logs, the UI).
+        .set("spark.redaction.regex", SPARK_REDACTION_REGEX)
+        .set("spark.sql.redaction.options.regex", SPARK_REDACTION_REGEX)
         .set("spark.driver.memory", "1g")
         .set("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .set("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
@@ -107,12 +114,16 @@ def spark_session(settings: LakeSettings) -> Any:
     return spark
 
 
-def kafka_options(settings: LakeSettings, bootstrap_servers: str) -> dict[str, str]:
-    """The options of every read of Kafka by Spark (the stream, and a range read again)."""
+def kafka_options(settings: LakeSettings, kafka: KafkaSettings) -> dict[str, str]:
+    """The options of every read of Kafka by Spark (the stream, and a range read again): the
+    cluster and its security as ``OUTBOX_KAFKA_*`` say (:func:`spark_options`; secrets
+    inline, never logged), committed records only."""
     return {
-        "kafka.bootstrap.servers": bootstrap_servers,
+        **spark_options(kafka),
         "kafka.isolation.level": "read_committed",
-        "kafka.client.id": "outbox-lake",
+        "kafka.client.id": LAKE_CLIENT_ID,
+        # The consumers' group ids start so: a prefixed group ACL covers them.
+        "groupIdPrefix": LAKE_CLIENT_ID,
         "includeHeaders": "true",
         "failOnDataLoss": str(settings.fail_on_data_loss).lower(),
         # A broker that does not answer for a while is waited for, not data loss.
@@ -122,10 +133,10 @@ def kafka_options(settings: LakeSettings, bootstrap_servers: str) -> dict[str, s
 
 
 def read_stream(
-    spark: Any, settings: LakeSettings, bootstrap_servers: str, starting: Mapping[str, Any]
+    spark: Any, settings: LakeSettings, kafka: KafkaSettings, starting: Mapping[str, Any]
 ) -> Any:
     reader = spark.readStream.format("kafka")
-    for name, value in kafka_options(settings, bootstrap_servers).items():
+    for name, value in kafka_options(settings, kafka).items():
         reader = reader.option(name, value)
     return (
         reader.option("subscribePattern", settings.topic_pattern)
@@ -138,13 +149,13 @@ def read_stream(
 def read_range(
     spark: Any,
     settings: LakeSettings,
-    bootstrap_servers: str,
+    kafka: KafkaSettings,
     starting: Mapping[str, Mapping[str, int]],
     ending: Mapping[str, Mapping[str, int]],
 ) -> Any:
     """The records of the given partitions between two offsets each (a batch read)."""
     reader = spark.read.format("kafka")
-    for name, value in kafka_options(settings, bootstrap_servers).items():
+    for name, value in kafka_options(settings, kafka).items():
         reader = reader.option(name, value)
     assign = {topic: [int(p) for p in parts] for topic, parts in starting.items()}
     return (
@@ -163,16 +174,16 @@ class LogGuard:
         self,
         spark: Any,
         settings: LakeSettings,
-        bootstrap_servers: str,
+        kafka: KafkaSettings,
         store: ProgressStore,
         sink: SparkDeltaSink,
     ) -> None:
         self.spark = spark
         self.settings = settings
-        self.bootstrap = bootstrap_servers
+        self.kafka = kafka
         self.store = store
         self.sink = sink
-        self.metadata = KafkaMetadata(bootstrap_servers, settings.topic_pattern)
+        self.metadata = KafkaMetadata(kafka, settings.topic_pattern)
 
     def at_start(self) -> dict[str, dict[str, int]]:
         """Check the broker against the lake's progress; the query's starting offsets (used
@@ -235,7 +246,7 @@ class LogGuard:
         starting = {topic: {str(w.partition): b.earliest for w, b in parts.items()}}
         ending = {topic: {str(w.partition): b.latest for w, b in parts.items()}}
         log.warning("reading %s again from its start: %s to %s", topic, starting, ending)
-        frame = read_range(self.spark, self.settings, self.bootstrap, starting, ending)
+        frame = read_range(self.spark, self.settings, self.kafka, starting, ending)
         self.sink.write_batch(frame, -1)
 
     def _records_before(
@@ -263,7 +274,7 @@ class LogGuard:
         ending = {t: parts for t, parts in ending.items() if parts}
         if not starting:
             return found
-        frame = read_range(self.spark, self.settings, self.bootstrap, starting, ending)
+        frame = read_range(self.spark, self.settings, self.kafka, starting, ending)
         for row in frame.select(
             "topic", "partition", "offset", "timestamp", "key", "value", "headers"
         ).collect():  # at most one record per partition
@@ -338,29 +349,32 @@ def _with_legacy_ids(
 
 def run_ingest(
     settings: LakeSettings,
-    bootstrap_servers: str,
+    kafka: KafkaSettings | str,
     *,
     available_now: bool,
     spark: Any = None,
     sink: Any = None,
 ) -> None:
-    """Run the query: until caught up (``available_now``), or until stopped. ``sink``: a
-    ``foreachBatch`` callable instead of the lake's (a benchmark's baseline)."""
+    """Run the query: until caught up (``available_now``), or until stopped. ``kafka``: the
+    cluster (``OUTBOX_KAFKA_*``, security included; a plain ``host:port,...`` string is one
+    without security). ``sink``: a ``foreachBatch`` callable instead of the lake's (a
+    benchmark's baseline)."""
+    kafka = kafka_settings(kafka)
     own_session = spark is None
     spark = spark or spark_session(settings)
     metrics = LakeMetrics()
     store = ProgressStore(settings)
     batch_sink = sink
     lake = SparkDeltaSink(settings, metrics, store)
-    guard = LogGuard(spark, settings, bootstrap_servers, store, lake)
+    guard = LogGuard(spark, settings, kafka, store, lake)
     lake.before_write = guard.before_batch
     server = _serve_metrics(settings, metrics)
     stop = _StopOnSignal()
-    lag = _Lag(bootstrap_servers, metrics)
+    lag = _Lag(KafkaMetadata(kafka, settings.topic_pattern), metrics)
     try:
         starting = guard.at_start()
         writer = (
-            read_stream(spark, settings, bootstrap_servers, starting)
+            read_stream(spark, settings, kafka, starting)
             .writeStream.queryName(settings.query_name.replace("-", "_"))
             .foreachBatch(batch_sink if batch_sink is not None else lake.write_batch)
             .option("checkpointLocation", settings.checkpoint)
@@ -408,11 +422,10 @@ class _Lag:
     """Consumer lag per partition, every few seconds: the broker's end offsets (committed
     records) less the query's last end offsets."""
 
-    def __init__(self, bootstrap_servers: str, metrics: LakeMetrics):
-        self._bootstrap = bootstrap_servers
+    def __init__(self, metadata: KafkaMetadata, metrics: LakeMetrics):
+        self._metadata = metadata
         self._metrics = metrics
         self._next = 0.0
-        self._consumer: Any = None
 
     def update(self, progress: Any) -> None:
         if progress is None or time.monotonic() < self._next:
@@ -424,31 +437,20 @@ class _Lag:
             log.warning("consumer lag not measured: %s", f"{type(error).__name__}: {error}")
 
     def _measure(self, progress: Any) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
-        at: dict[Any, int] = {}
+        at: dict[Partition, int] = {}
         for source in progress["sources"]:
             offsets = source.get("endOffset") or {}
             offsets = json.loads(offsets) if isinstance(offsets, str) else offsets
             for topic, parts in offsets.items():
                 for partition, offset in parts.items():
-                    at[TopicPartition(topic, int(partition))] = int(offset)
+                    at[Partition(topic, int(partition))] = int(offset)
         if not at:
             return
-        if self._consumer is None:
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=self._bootstrap.split(","),
-                isolation_level="read_committed",
-                group_id=None,
-                client_id="outbox-lake",
-                metrics_enabled=False,
-            )
-        for tp, end in self._consumer.end_offsets(list(at)).items():
-            self._metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, end - at[tp]))
+        for where, end in self._metadata.ends(list(at)).items():
+            self._metrics.lag.labels(where.topic, str(where.partition)).set(max(0, end - at[where]))
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
+        self._metadata.close()
 
 
 class _StopOnSignal:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,45 +12,41 @@ __all__ = ["LakeSettings"]
 
 
 class LakeSettings(BaseSettings):
-    """Where the lake lives and how the ingest job reads.
+    """Where the lake lives and how the ingest job reads (``OUTBOX_LAKE_*``); each field's
+    docstring is its meaning in docs/settings.md."""
 
-    ``OUTBOX_LAKE_ROOT``: folder (or object-store URI) of the Delta tables; checkpoints live
-    beside them in ``_checkpoints``. ``OUTBOX_LAKE_TOPIC_PATTERN``: regex of the topics to
-    ingest (new matching topics are picked up without a restart).
-    ``OUTBOX_LAKE_MAX_RECORDS_PER_BATCH``: admission control (Spark's
-    ``maxOffsetsPerTrigger``), which bounds a batch. ``OUTBOX_LAKE_TRIGGER_SECONDS``:
-    micro-batch interval. ``OUTBOX_LAKE_FAIL_ON_DATA_LOSS``: stop when records were deleted by
-    retention before they were ingested (``false``: skip them, logged).
-    ``OUTBOX_LAKE_SPARK_MASTER``: ``local[2]`` by default, any Spark master URL.
-    ``OUTBOX_LAKE_SPARK_JARS``: comma-separated jar files Spark adds (Spark's Kafka source
-    and Delta's Spark writer; ``outbox lake ingest`` resolves them when unset);
-    ``OUTBOX_LAKE_SPARK_PACKAGES``: Maven coordinates instead (``spark.jars.packages``);
-    neither on a cluster that has them (``spark-submit --packages``, ``outbox lake
-    packages``). ``OUTBOX_LAKE_SPARK_BIND_ADDRESS``: the address the
-    Spark driver listens on and advertises (``127.0.0.1``: loopback only; on a cluster, an
-    address the executors can reach). ``OUTBOX_LAKE_METRICS_PORT``: port of the job's
-    ``/metrics`` (Prometheus; ``0``, the default: none), on ``OUTBOX_LAKE_METRICS_ADDRESS``
-    (``127.0.0.1``; ``0.0.0.0`` in a container).
-    """
-
-    model_config = SettingsConfigDict(env_prefix="OUTBOX_LAKE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_LAKE_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     root: str = ".lake"
+    """Folder or object-store URI of the Delta tables (checkpoints in `_checkpoints/`)."""
     topic_pattern: str = r"^outbox\.event\..+"
+    """Regex of the topics to ingest (new matching topics are picked up without a restart)."""
     max_records_per_batch: int = Field(default=50_000, ge=1, le=10_000_000)
+    """Admission control: records per micro-batch at most (Spark's `maxOffsetsPerTrigger`)."""
     trigger_seconds: float = Field(default=1.0, gt=0, le=3600)
+    """Micro-batch interval."""
     fail_on_data_loss: bool = True
+    """Stop when records not yet ingested are gone (retention, a recreated topic); `false`: go
+    on from the earliest offset there is, logged."""
     spark_master: str = "local[2]"
+    """Spark master URL (`local[2]`, `spark://host:7077`...)."""
     spark_bind_address: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
+    """Address the Spark driver listens on and advertises (loopback; on a cluster, one the
+    executors reach)."""
     query_name: str = "outbox-lake-ingest"
+    """Names the streaming query, and so its checkpoint."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the job's `/metrics` (0: none)."""
     metrics_address: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9.:-]{1,253}$")
+    """Address of the job's `/metrics` (`0.0.0.0` in a container)."""
     spark_jars: str = ""
+    """Comma-separated jar files Spark adds (its Kafka source, Delta's Spark writer); unset,
+    `outbox lake ingest` resolves them with Maven. Not on a cluster that has them."""
     spark_packages: str = ""
-    end_offsets: Literal["scan", "broker"] = "scan"
-    """Not used by the lake job (Spark's Kafka source reads committed records to the broker's
-    end): only ``outbox reconcile``'s Kafka reader (reconcile/outbox_reconcile/kafka_reader.py)
-    still reads it, until its own settings take it over."""
+    """Maven coordinates Spark resolves instead (`spark.jars.packages`); `outbox lake packages`
+    prints them."""
 
     @field_validator("topic_pattern")
     @classmethod

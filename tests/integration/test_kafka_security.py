@@ -322,6 +322,59 @@ def test_idempotent_consumer_consumes_over_mutual_tls_in_its_group(
     assert sorted(applied) == sorted(ids)
 
 
+@pytest.mark.timeout(600)
+def test_the_lake_job_ingests_as_its_principal_with_spark_kafka_source(
+    secure_kafka: SecureKafka, migrated: ScratchDatabase, tmp_path: Path
+) -> None:
+    """`outbox lake ingest` (Spark's Kafka source on the executors, our metadata reads on the
+    driver) logs in as `lake` (SCRAM over TLS, the password from a file): every event lands
+    once; a wrong password stops it at the start with the reason, not a Spark retry loop."""
+    from deltalake import DeltaTable
+
+    aggregate_type = f"sec{uuid.uuid4().hex[:8]}"
+    ids = publish(migrated, aggregate_type, 9)
+    producer = ContractProducer(secure_kafka.sasl("relay"), RelaySettings())
+    try:
+        from outbox_relay.database import RelayDatabase
+
+        database = RelayDatabase(migrated.url, OutboxSettings().tables, 10)
+        database.connect()
+        try:
+            assert database.try_lead()
+            outcome = producer.publish(database.read(0, 100, []))
+        finally:
+            database.close()
+        assert sorted(outcome.delivered) == sorted(ids), outcome
+    finally:
+        producer.close()
+
+    password_file = tmp_path / "lake-password"
+    password_file.write_text(secure_kafka.passwords["lake"])
+    lake = tmp_path / "lake"
+    env = {
+        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": secure_kafka.sasl_servers,
+        "OUTBOX_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "OUTBOX_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "OUTBOX_KAFKA_SASL_USERNAME": "lake",
+        "OUTBOX_KAFKA_SASL_PASSWORD_FILE": str(password_file),
+        "OUTBOX_KAFKA_SSL_CAFILE": str(secure_kafka.authority.certfile),
+        "OUTBOX_LAKE_ROOT": str(lake),
+        "OUTBOX_LAKE_TOPIC_PATTERN": f"^{topic_for(aggregate_type)}$",
+    }
+    done = run_outbox("lake", "ingest", "--available-now", env=env, timeout=420)
+    assert done.returncode == 0, done.stderr[-3000:]
+    landed = DeltaTable(str(lake / "events")).to_pyarrow_table().column("event_id").to_pylist()
+    assert sorted(str(event_id) for event_id in landed) == sorted(ids)
+    assert secure_kafka.passwords["lake"] not in done.stdout + done.stderr
+
+    password_file.write_text("not-the-password")
+    started = time.monotonic()
+    failed = run_outbox("lake", "ingest", "--available-now", env=env, timeout=420)
+    assert failed.returncode != 0
+    assert "refused the login of user 'lake'" in failed.stderr, failed.stderr[-3000:]
+    assert time.monotonic() - started < 120  # a whole CLI process, Spark's start included
+
+
 # -- outside the ACLs ----------------------------------------------------------------------------
 
 

@@ -84,6 +84,7 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["lake", "tables"], BAD_LAKE, "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH"),
     (["lake", "query", "SELECT 1"], BAD_LAKE, "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH"),
     (["lake", "maintain"], BAD_LAKE, "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH"),
+    (["lake", "packages", "--jars"], BAD_STACK, "OUTBOX_STACK_POSTGRES_PORT"),
     (["effects", "list"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["effects", "mark-done", "payments", EVENT, "charge"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["effects", "release", "payments", EVENT, "charge"], NO_DATABASE, UNREACHABLE_DATABASE),

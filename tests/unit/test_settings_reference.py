@@ -13,11 +13,6 @@ import pytest
 from tools.settings_reference import COMPONENTS, PAGE, render, variables
 
 ROOT = Path(__file__).resolve().parents[2]
-# Variables named by pages owned elsewhere that the code no longer reads, and where: each
-# entry must still be stale (the test fails once the page is fixed, so the entry goes).
-STALE_ELSEWHERE = {
-    "OUTBOX_CHAOS_BROKER_STORAGE": "docs/verifying-delivery.md",
-}
 
 
 def test_the_page_is_what_the_settings_classes_say() -> None:
@@ -46,11 +41,5 @@ def documented_names() -> dict[str, set[str]]:
 
 def test_every_variable_the_docs_name_exists() -> None:
     known = {v.name for component in COMPONENTS for v in variables(component)}
-    unknown = {
-        name: pages
-        for name, pages in documented_names().items()
-        if name not in known and not (name in STALE_ELSEWHERE and pages == {STALE_ELSEWHERE[name]})
-    }
+    unknown = {name: pages for name, pages in documented_names().items() if name not in known}
     assert not unknown, f"named in the docs, read by no settings class: {unknown}"
-    for name, page in STALE_ELSEWHERE.items():
-        assert page in documented_names().get(name, set()), f"{page} no longer names {name}"
