@@ -14,6 +14,10 @@
 - **No checkpoint** (a new lake, a deleted or renamed checkpoint, a lake of an earlier
   release): the query starts where ``_progress`` says, every other partition from its start.
 
+On object storage (an ``s3://`` or ``s3a://`` root) Spark writes through S3A
+(:func:`outbox_lake.storage.hadoop_conf`), credentials from the AWS variables of the
+environment only; one job per lake root (docs/production.md, "The lake on object storage").
+
 Spark's jars come from ``OUTBOX_LAKE_SPARK_JARS`` (local files: the CLI resolves them from
 the project's pinned Maven list) or ``OUTBOX_LAKE_SPARK_PACKAGES`` (Maven coordinates), or
 are already on the cluster's class path (``spark-submit --packages``).
@@ -52,6 +56,7 @@ from outbox_lake.offsets import (
 from outbox_lake.progress import ProgressStore
 from outbox_lake.settings import LakeSettings
 from outbox_lake.spark_sink import BatchShape, SparkDeltaSink
+from outbox_lake.storage import check_access, hadoop_conf
 
 __all__ = ["LogGuard", "kafka_options", "read_stream", "run_ingest", "spark_session"]
 
@@ -102,6 +107,8 @@ def spark_session(settings: LakeSettings) -> Any:
         # A trigger with no new data reports progress at once (the demo waits for one).
         .set("spark.sql.streaming.noDataProgressEventInterval", "500ms")
     )
+    for name, value in hadoop_conf(settings).items():  # s3:// roots; never a credential
+        conf.set(name, value)
     if settings.spark_jars:
         conf.set("spark.jars", settings.spark_jars)
     if settings.spark_packages:
@@ -360,6 +367,7 @@ def run_ingest(
     without security). ``sink``: a ``foreachBatch`` callable instead of the lake's (a
     benchmark's baseline)."""
     kafka = kafka_settings(kafka)
+    check_access(settings)  # a refused key is said now, not from inside a Spark job
     own_session = spark is None
     spark = spark or spark_session(settings)
     metrics = LakeMetrics()

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deltalake import DeltaTable
-
-from outbox_lake.query import table_names
 from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import open_table, table_names
 
 __all__ = ["MaintenanceReport", "maintain"]
 
@@ -30,7 +28,9 @@ class MaintenanceReport:
 def maintain(settings: LakeSettings, *, retention_hours: int = 168) -> list[MaintenanceReport]:
     reports = []
     for name in table_names(settings):
-        table = DeltaTable(settings.table_uri(name))
+        table = open_table(settings, settings.table_uri(name))
+        if table is None:
+            continue
         metrics = table.optimize.compact()
         vacuumed = table.vacuum(
             retention_hours=retention_hours,

@@ -16,7 +16,9 @@ start after a loss that was skipped). Lakes written by earlier releases kept the
 as Delta application transactions of the ``events`` table (``outbox-lake:<topic>:<part>``);
 :meth:`ProgressStore.read` falls back to them.
 
-Written by the driver with ``deltalake`` (a few rows per batch).
+Written by the driver with ``deltalake`` (a few rows per batch): on object storage a
+conditional write, like every commit of ``deltalake`` (:mod:`outbox_lake.storage`), and only
+ever by the one job of the lake root.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from datetime import UTC, datetime
 
 from outbox_lake.offsets import Partition, Progress
 from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import open_table, storage_options
 from outbox_lake.tables import EVENTS, PROGRESS_TABLE
 
 __all__ = ["APP_PREFIX", "ProgressStore", "app_id"]
@@ -52,14 +55,11 @@ class ProgressStore:
     def read(self, legacy_partitions: Iterable[Partition] = ()) -> dict[Partition, Progress]:
         """Every partition's progress; for a lake of an earlier release (no ``_progress``),
         the ``events`` table's application transactions of ``legacy_partitions``."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            rows = DeltaTable(self.uri).to_pyarrow_table().to_pylist()
-        except TableNotFoundError:
+        table = open_table(self.settings, self.uri)
+        if table is None:
             self._known = self._legacy(legacy_partitions)
             return dict(self._known)
+        rows = table.to_pyarrow_table().to_pylist()
         self._known = {
             Partition(row["topic"], int(row["partition"])): Progress(
                 int(row["end_offset"]), row["topic_id"], row["last_record"]
@@ -69,12 +69,8 @@ class ProgressStore:
         return dict(self._known)
 
     def _legacy(self, partitions: Iterable[Partition]) -> dict[Partition, Progress]:
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            events = DeltaTable(self.settings.table_uri(EVENTS))
-        except TableNotFoundError:
+        events = open_table(self.settings, self.settings.table_uri(EVENTS))
+        if events is None:
             return {}
         found = {}
         for where in partitions:
@@ -133,5 +129,7 @@ class ProgressStore:
             for where, p in sorted(progress.items())
         ]
         table = pa.Table.from_pylist(rows, schema=PROGRESS_TABLE.arrow_schema())
-        write_deltalake(self.uri, table, mode="overwrite")
+        write_deltalake(
+            self.uri, table, mode="overwrite", storage_options=storage_options(self.settings)
+        )
         self._known = dict(progress)

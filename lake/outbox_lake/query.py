@@ -2,21 +2,20 @@
 
 Every Delta table under the lake root is registered in DuckDB under its own name
 (``events``, ``quarantine``, ``aggregate_<type>``), read with ``deltalake`` (DuckDB's own
-Delta extension would need a download at run time).
+Delta extension would need a download at run time), from a folder or an object store
+(:mod:`outbox_lake.storage`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
-from outbox.core.errors import ConfigurationError
 from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import open_table, table_names
 
 __all__ = ["TableInfo", "arrow_dataset", "list_tables", "run_sql", "table_names"]
 
@@ -27,21 +26,6 @@ class TableInfo:
     rows: int
     version: int
     last_update: datetime | None
-
-
-def table_names(settings: LakeSettings) -> list[str]:
-    if not settings.is_local:
-        raise ConfigurationError(
-            "listing tables needs a local OUTBOX_LAKE_ROOT; name them in the SQL instead"
-        )
-    root = Path(settings.root)
-    if not root.exists():
-        return []
-    return sorted(
-        child.name
-        for child in root.iterdir()
-        if child.is_dir() and not child.name.startswith("_") and (child / "_delta_log").exists()
-    )
 
 
 def _plain(kind: Any) -> Any:
@@ -67,10 +51,7 @@ def arrow_dataset(table: DeltaTable) -> Any:
 
 
 def _open(settings: LakeSettings, name: str) -> DeltaTable | None:
-    try:
-        return DeltaTable(settings.table_uri(name))
-    except TableNotFoundError:
-        return None
+    return open_table(settings, settings.table_uri(name))
 
 
 def list_tables(settings: LakeSettings) -> list[TableInfo]:

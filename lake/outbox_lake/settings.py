@@ -1,14 +1,71 @@
-"""Settings of the lake job and queries, from ``OUTBOX_LAKE_*`` environment variables."""
+"""Settings of the lake job and queries, from ``OUTBOX_LAKE_*`` environment variables, and
+the standard AWS variables for a lake on S3-compatible object storage."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["LakeSettings"]
+__all__ = ["S3_SCHEMES", "AwsEnvironment", "LakeSettings"]
+
+S3_SCHEMES = ("s3", "s3a")
+"""Lake roots on S3-compatible object storage (both are read and written through S3A by
+Spark, through ``object_store`` by ``deltalake``)."""
+
+
+class AwsEnvironment(BaseSettings):
+    """The standard AWS variables the lake reads besides the credentials (which only the
+    clients read, from the same environment: ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``; never passed on by us)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AWS_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
+
+    endpoint_url: str | None = None
+    """The S3 endpoint (`https://host[:port]`); unset: AWS S3 of the region."""
+    region: str | None = None
+    """The bucket's region."""
+    default_region: str | None = None
+    """The region when `AWS_REGION` is unset."""
+    allow_http: bool = False
+    """Whether an `http://` endpoint may be used (unencrypted: a store on loopback only)."""
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"{value!r} is not an http(s) URL: e.g. https://s3.eu-west-1.amazonaws.com "
+                "or http://127.0.0.1:9000"
+            )
+        if parts.path not in ("", "/") or parts.query:
+            raise ValueError(
+                f"{value!r} has a path: give the endpoint only (the bucket is in "
+                "OUTBOX_LAKE_ROOT, s3://bucket/prefix)"
+            )
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _http_allowed(self) -> AwsEnvironment:
+        if self.endpoint_url and self.endpoint_url.startswith("http://") and not self.allow_http:
+            raise ValueError(
+                f"AWS_ENDPOINT_URL is {self.endpoint_url}, plain HTTP: data and signed "
+                "requests would cross the network unencrypted. Use https, or set "
+                "AWS_ALLOW_HTTP=true for a store on loopback or a private network"
+            )
+        return self
+
+    @property
+    def region_name(self) -> str | None:
+        return self.region or self.default_region
 
 
 class LakeSettings(BaseSettings):
@@ -47,6 +104,11 @@ class LakeSettings(BaseSettings):
     spark_packages: str = ""
     """Maven coordinates Spark resolves instead (`spark.jars.packages`); `outbox lake packages`
     prints them."""
+    s3_path_style: bool = False
+    """On an `s3://` root: path-style requests (`endpoint/bucket/key`), which most
+    S3-compatible stores (SeaweedFS, MinIO, Ceph) need; `false`: virtual-hosted style
+    (`bucket.endpoint/key`), as AWS S3 prefers. Endpoint, region and credentials come from
+    the standard AWS variables (docs/production.md)."""
 
     @field_validator("topic_pattern")
     @classmethod
@@ -66,9 +128,39 @@ class LakeSettings(BaseSettings):
             raise ValueError("letters, digits, '.', '_' and '-' only, e.g. outbox-lake-ingest")
         return value
 
+    @field_validator("root")
+    @classmethod
+    def _root(cls, value: str) -> str:
+        scheme, _, rest = value.partition("://")
+        if rest and scheme.lower() in S3_SCHEMES and not rest.split("/", 1)[0]:
+            raise ValueError(f"{value!r} names no bucket: e.g. s3://my-bucket/outbox")
+        return value
+
+    @model_validator(mode="after")
+    def _aws_environment(self) -> LakeSettings:
+        if self.is_s3:
+            self.aws()  # the AWS variables, checked when the lake needs them
+        return self
+
+    def aws(self) -> AwsEnvironment:
+        """The AWS variables of the environment (endpoint, region, plain HTTP allowed)."""
+        try:
+            return AwsEnvironment()
+        except ValidationError as error:
+            problems = "; ".join(
+                (f"AWS_{'_'.join(map(str, item['loc'])).upper()}: " if item["loc"] else "")
+                + str(item["msg"]).removeprefix("Value error, ")
+                for item in error.errors()
+            )
+            raise ValueError(f"the lake's object store: {problems}") from None
+
     @property
     def is_local(self) -> bool:
         return "://" not in self.root
+
+    @property
+    def is_s3(self) -> bool:
+        return self.root.partition("://")[0].lower() in S3_SCHEMES and "://" in self.root
 
     def table_uri(self, name: str) -> str:
         if self.is_local:

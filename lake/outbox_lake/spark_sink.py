@@ -45,6 +45,7 @@ from outbox_lake.records import (
     recursion_limit,
 )
 from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import is_table, open_table, storage_options
 from outbox_lake.tables import EVENTS_TABLE, QUARANTINE_TABLE, TYPED_BASE, Table
 from outbox_lake.typed_rows import type_batch, typed_batch_schema
 
@@ -193,7 +194,7 @@ class SparkDeltaSink:
                         ids=_id_range(shape),
                         batch_id=batch_id,
                     )
-                landed = _rows_inserted(self.settings.table_uri(EVENTS_TABLE.name))
+                landed = _rows_inserted(self.settings, self.settings.table_uri(EVENTS_TABLE.name))
                 if landed is None:
                     landed = shape.events
                 self.metrics.events.inc(landed)
@@ -216,7 +217,7 @@ class SparkDeltaSink:
 
         name = typed_table_name(aggregate_type)
         uri = self.settings.table_uri(name)
-        owner, existing = _table_columns(uri)
+        owner, existing = _table_columns(self.settings, uri)
         mine = events.filter(f.col("aggregate_type") == aggregate_type)
         if owner is not None and owner != aggregate_type:
             self._collisions += 1
@@ -253,7 +254,9 @@ class SparkDeltaSink:
             .persist()
         )
         if owner is None:
-            _create_table(uri, _typed_arrow_schema(schema), by_day=True, owner=aggregate_type)
+            _create_table(
+                self.settings, uri, _typed_arrow_schema(schema), by_day=True, owner=aggregate_type
+            )
         rows = typed.filter(f.col("_reason").isNull()).drop(
             "_reason", "_topic", "_partition", "_offset", "_key", "_value", "_table"
         )
@@ -333,8 +336,8 @@ class SparkDeltaSink:
 
         key = "event_id" if table is None else table.key
         by_day = True if table is None else table.by_day
-        if table is not None and not _exists(uri):
-            _create_table(uri, table.arrow_schema(), by_day=by_day, owner=None)
+        if table is not None and not is_table(self.settings, uri):
+            _create_table(self.settings, uri, table.arrow_schema(), by_day=by_day, owner=None)
         condition = f"t.`{key}` = s.`{key}`"
         low, high = ids
         if key == "event_id" and _is_uuid(low) and _is_uuid(high):  # safe literals only
@@ -477,21 +480,11 @@ def _id_range(shape: BatchShape) -> tuple[str | None, str | None]:
 # -- tables (their logs, on the driver: metadata only) ------------------------------------------
 
 
-def _exists(uri: str) -> bool:
-    from deltalake import DeltaTable
-
-    return bool(DeltaTable.is_deltatable(uri))
-
-
-def _table_columns(uri: str) -> tuple[str | None, dict[str, str]]:
+def _table_columns(settings: LakeSettings, uri: str) -> tuple[str | None, dict[str, str]]:
     """(the table's metadata name, its payload columns: name → kind); (None, {}) when there
     is no table yet."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = DeltaTable(uri)
-    except TableNotFoundError:
+    table = open_table(settings, uri)
+    if table is None:
         return None, {}
     columns: dict[str, str] = {}
     for column in table.schema().fields:
@@ -502,12 +495,13 @@ def _table_columns(uri: str) -> tuple[str | None, dict[str, str]]:
     return table.metadata().name or "", columns
 
 
-def _rows_inserted(uri: str) -> int | None:
+def _rows_inserted(settings: LakeSettings, uri: str) -> int | None:
     """The rows the table's last commit inserted (its MERGE's own count), when it says."""
-    from deltalake import DeltaTable
-
     try:
-        last = DeltaTable(uri).history(1)[0]
+        table = open_table(settings, uri)
+        if table is None:
+            return None
+        last = table.history(1)[0]
         inserted = (last.get("operationMetrics") or {}).get("numTargetRowsInserted")
         return None if inserted is None else int(inserted)
     except Exception:  # a metric must never fail a batch
@@ -520,8 +514,11 @@ def _typed_arrow_schema(schema: Any) -> Any:
     return pa.schema([field for field in schema if not field.name.startswith("_")])
 
 
-def _create_table(uri: str, schema: Any, *, by_day: bool, owner: str | None) -> None:
-    """Create an empty table (``deltalake``: reader 1 / writer 2, no table feature)."""
+def _create_table(
+    settings: LakeSettings, uri: str, schema: Any, *, by_day: bool, owner: str | None
+) -> None:
+    """Create an empty table (``deltalake``: reader 1 / writer 2, no table feature; on object
+    storage a conditional write of version 0, before Spark's writer ever touches the table)."""
     from deltalake import DeltaTable
 
     try:
@@ -531,9 +528,10 @@ def _create_table(uri: str, schema: Any, *, by_day: bool, owner: str | None) -> 
             partition_by=["event_date"] if by_day else None,
             name=owner,
             mode="ignore",
+            storage_options=storage_options(settings),
         )
     except Exception as error:
-        if not _exists(uri):
+        if not is_table(settings, uri):
             raise
         log.info("table %s created meanwhile: %s", uri, error)
 

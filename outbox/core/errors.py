@@ -19,6 +19,7 @@ Tree (domain, then condition)::
     ├── ContractViolation (ValueError)           a record on Kafka that breaks the contract
     ├── DataLossError (RuntimeError)             records the lake had not read are gone
     ├── DeliveryTimeoutError (TimeoutError)      events did not arrive within a deadline
+    ├── LakeStorageError                         the lake's object store refused or did not answer
     ├── BrokerError                              Kafka refused what a client of ours asked
     │   ├── BrokerUnavailable                      Kafka did not answer
     │   ├── BrokerAuthenticationError              who we are was refused (TLS, SASL)
@@ -59,6 +60,7 @@ __all__ = [
     "InvalidIdentifierError",
     "LakeContractError",
     "LakeContractWarning",
+    "LakeStorageError",
     "OutboxError",
     "PayloadTooLargeError",
     "PayloadTypeError",
@@ -167,6 +169,11 @@ class DataLossError(OutboxError, RuntimeError):
 class DeliveryTimeoutError(OutboxError, TimeoutError):
     """Events did not arrive where they were awaited within the deadline; the message names
     what arrived, what did not, and the command that shows why."""
+
+
+class LakeStorageError(OutboxError):
+    """The lake's object store refused a request (credentials, permissions) or did not
+    answer; the message names the store's reason and the settings to check."""
 
 
 class BrokerError(OutboxError):

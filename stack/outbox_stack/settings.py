@@ -53,6 +53,14 @@ class StackSettings(BaseSettings):
     """How long `up` waits for Kafka Connect."""
     java: Path = Path("java")
     """The Java 17 runtime."""
+    object_store: bool = False
+    """Also start SeaweedFS, an S3-compatible store on loopback with a `lake` bucket: `outbox
+    stack env` then points the lake at `s3://lake/outbox` (the AWS variables with it)."""
+    object_store_port: int = Field(default=22333, ge=1024, le=55530)
+    """S3 port of the object store; the next four and each of the five plus 10000 are its
+    other listeners (all on loopback)."""
+    object_store_start_timeout_seconds: float = Field(default=60.0, gt=0)
+    """How long `up` waits for the object store."""
 
     @field_validator("postgres_database")
     @classmethod
