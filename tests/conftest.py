@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fix_cdc",
     "tests.fix_relay",
     "tests.fix_secure_kafka",
+    "tests.fix_object_store",
     "tests.fix_proxy",
 ]
 

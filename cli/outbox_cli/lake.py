@@ -30,6 +30,7 @@ def ingest(
     OUTBOX_LAKE_SPARK_PACKAGES, or (neither set) the project's pinned jars, fetched from Maven
     Central once into the stack's cache.
     """
+    from outbox.core.errors import LakeStorageError
     from outbox_lake.job import run_ingest
     from outbox_lake.settings import LakeSettings
     from outbox_relay.logs import configure_json_logging
@@ -39,6 +40,8 @@ def ingest(
     configure_json_logging("INFO")
     try:
         run_ingest(settings, kafka, available_now=available_now)
+    except LakeStorageError:
+        raise  # the store's refusal, naming the variable: one line, status 2
     except Exception as error:
         # Spark hands the source's errors back as Java exceptions whose text holds the
         # Python one; ops get its first line, and the full trace is in the log above
@@ -64,17 +67,23 @@ def packages(
     jars: bool = typer.Option(
         False, "--jars", help="List the jar files (fetched once) instead of the coordinates."
     ),
+    excludes: bool = typer.Option(
+        False,
+        "--excludes",
+        help="Print what --packages must leave out (spark-submit --exclude-packages).",
+    ),
 ) -> None:
     """What a Spark cluster needs to run the job: `spark-submit --packages` coordinates
-    (Spark's Kafka source, Delta's Spark writer), or with --jars the local jar files."""
-    from outbox_stack.artifacts import spark_extra_jars, spark_packages
+    (Spark's Kafka source, Delta's Spark writer, S3A), with --excludes what to leave out of
+    them (the AWS SDK's 600 MB bundle), or with --jars the local jar files."""
+    from outbox_stack.artifacts import spark_extra_jars, spark_package_excludes, spark_packages
     from outbox_stack.settings import StackSettings
 
     if jars:
         for jar in spark_extra_jars(load(StackSettings).downloads_root):
             typer.echo(str(jar))
         return
-    typer.echo(",".join(spark_packages()))
+    typer.echo(",".join(spark_package_excludes() if excludes else spark_packages()))
 
 
 def _python_error_in(text: str) -> str | None:
@@ -130,12 +139,21 @@ def maintain(
     retention_hours: int = typer.Option(
         168, "--retention-hours", min=0, help="Vacuum files removed longer ago than this."
     ),
+    ingest_stopped: bool = typer.Option(
+        False,
+        "--ingest-stopped",
+        help="The lake's ingest job is stopped: required on object storage (s3://).",
+    ),
 ) -> None:
-    """Compact small files, vacuum old ones, in every table (safe beside a running ingest)."""
+    """Compact small files, vacuum old ones, in every table: beside a running ingest on a
+    local folder; on object storage (s3://) only while the ingest job is stopped."""
     from outbox_lake.maintenance import maintain as run_maintenance
     from outbox_lake.settings import LakeSettings
 
-    for report in run_maintenance(load(LakeSettings), retention_hours=retention_hours):
+    reports = run_maintenance(
+        load(LakeSettings), retention_hours=retention_hours, ingest_stopped=ingest_stopped
+    )
+    for report in reports:
         typer.echo(
             f"{report.table:<40} compacted {report.files_removed} files into "
             f"{report.files_added}; vacuumed {report.vacuumed}"

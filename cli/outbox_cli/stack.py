@@ -1,5 +1,5 @@
-"""``outbox stack``: the native local stack (PostgreSQL, broker and its object store, Kafka
-Connect)."""
+"""``outbox stack``: the native local stack (PostgreSQL, the broker, Kafka Connect; with
+OUTBOX_STACK_OBJECT_STORE=true an S3-compatible store for the lake)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,7 @@ def up(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each ste
 
 @app.command()
 def down() -> None:
-    """Stop every service (Connect, broker, object store, Postgres). Postgres and the object
-    store keep their data; a broker started with OUTBOX_STACK_BROKER_STORAGE=memory loses its
-    topics."""
+    """Stop every service (Connect, broker, object store, Postgres). Each keeps its data."""
     stack = _stack()
     stack.down()
     _print(stack.status())
@@ -83,7 +81,9 @@ def env() -> None:
     The database URL (the superuser's; it verifies PostgreSQL's certificate with the stack's
     CA, sslmode=verify-full), the connector's TLS settings, the broker, Connect, and the
     generated passwords of the CDC and relay roles (for `outbox db cdc-role` and
-    `outbox db relay-role`): eval the output, do not paste it anywhere.
+    `outbox db relay-role`); with OUTBOX_STACK_OBJECT_STORE=true, the lake's root on the
+    stack's S3 store and the AWS variables with its generated keys: eval the output, do not
+    paste it anywhere.
     """
     from outbox_stack.local import shell_exports
 
@@ -97,8 +97,8 @@ def destroy(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
     """Stop every service and delete the stack's data (the database too, also when it lives
-    outside the stack folder; the broker's topics in the object store). Downloads in .cache/
-    are kept."""
+    outside the stack folder; the broker's topics; the object store's lake). Downloads in
+    .cache/ are kept."""
     stack = _stack()
     if not yes:
         typer.confirm(

@@ -1,20 +1,35 @@
 """``outbox lake maintain``: compact the small files a stream writes, then vacuum old ones.
 
-Safe beside a running ingest: compaction is a Delta commit like any other (if it races a
-batch's commit, one of them retries: the sink retries its batch on a commit conflict, and
-its application transaction keeps the retry idempotent); vacuum only deletes files that left
-the table longer ago than the retention (7 days by default), so no running reader loses a
-file it still uses.
+On a local folder, safe beside a running ingest: compaction is a Delta commit like any other,
+and both writers (Spark's and ``deltalake``) commit a version by creating its file only if
+it is absent, so of two racing commits one fails and retries (the sink's merge retries on a
+commit conflict, and is idempotent); vacuum only deletes files that left the table longer
+ago than the retention (7 days by default), so no running reader loses a file it still uses.
+
+On object storage, not beside a running ingest: Spark's Delta writer commits through S3A
+without a conditional write (Delta's S3SingleDriverLogStore is safe for one writing driver
+only), so a compaction committed by ``deltalake`` between its check and its write would be
+overwritten, and ``deltalake``'s checkpoint of that version would then describe a log that
+is not there: readers would miss the batch's rows. ``maintain`` on an ``s3://`` root so runs
+only when told the job is stopped (``ingest_stopped``), and refuses otherwise, naming the
+rule (docs/production.md, "The lake on object storage").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from outbox.core.errors import ConfigurationError
 from outbox_lake.settings import LakeSettings
 from outbox_lake.storage import open_table, table_names
 
-__all__ = ["MaintenanceReport", "maintain"]
+__all__ = ["MaintenanceReport", "maintain", "must_wait_for_the_job"]
+
+
+def must_wait_for_the_job(settings: LakeSettings, *, ingest_stopped: bool) -> bool:
+    """Whether compaction would race the ingest job's unconditional commits (an object
+    store root) while the job may be running."""
+    return not settings.is_local and not ingest_stopped
 
 
 @dataclass(frozen=True)
@@ -25,7 +40,17 @@ class MaintenanceReport:
     vacuumed: int
 
 
-def maintain(settings: LakeSettings, *, retention_hours: int = 168) -> list[MaintenanceReport]:
+def maintain(
+    settings: LakeSettings, *, retention_hours: int = 168, ingest_stopped: bool = False
+) -> list[MaintenanceReport]:
+    """Compact and vacuum every table; on object storage only with ``ingest_stopped``."""
+    if must_wait_for_the_job(settings, ingest_stopped=ingest_stopped):
+        raise ConfigurationError(
+            f"OUTBOX_LAKE_ROOT={settings.root} is on object storage, where Spark's Delta "
+            "writer is safe only as the one writer of its tables: stop the lake's ingest job "
+            "first (SIGTERM: it finishes its batch), then run `outbox lake maintain "
+            "--ingest-stopped`, then start the job again"
+        )
     reports = []
     for name in table_names(settings):
         table = open_table(settings, settings.table_uri(name))

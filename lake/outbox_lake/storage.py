@@ -94,8 +94,7 @@ _REFUSALS = (
     ),
     (
         ("InvalidAccessKeyId", "InvalidClientTokenId"),
-        "the object store does not know the lake's access key ({code}): check "
-        "AWS_ACCESS_KEY_ID",
+        "the object store does not know the lake's access key ({code}): check AWS_ACCESS_KEY_ID",
     ),
     (
         ("ExpiredToken", "InvalidToken", "TokenRefreshRequired"),
@@ -104,8 +103,7 @@ _REFUSALS = (
     ),
     (
         ("NoSuchBucket",),
-        "the bucket of OUTBOX_LAKE_ROOT={root} does not exist ({code}): create it, or fix "
-        "the root",
+        "the bucket of OUTBOX_LAKE_ROOT={root} does not exist ({code}): create it, or fix the root",
     ),
     (
         ("AccessDenied", "403 Forbidden", "lacked the necessary privileges"),

@@ -19,13 +19,13 @@ from typing import Any
 
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
 from outbox_lake.names import typed_table_name
 from outbox_lake.offsets import Partition
 from outbox_lake.progress import ProgressStore
 from outbox_lake.query import arrow_dataset
 from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import open_table
 from outbox_lake.tables import EVENTS, QUARANTINE
 from outbox_reconcile.evidence import Evidence
 from outbox_reconcile.records import TOPIC_PREFIX, Window
@@ -51,13 +51,6 @@ class LakeRead:
     aggregate_types: set[str] = field(default_factory=set)
     typed_tables: dict[str, int] = field(default_factory=dict)
     """{typed table: its version} (-1: the table does not exist)"""
-
-
-def _open(uri: str) -> DeltaTable | None:
-    try:
-        return DeltaTable(uri)
-    except TableNotFoundError:
-        return None
 
 
 def _in_window(window: Window) -> Any:
@@ -104,7 +97,7 @@ def read_lake(
     read = LakeRead()
     wanted = [Partition(topic, partition) for topic, partition in partitions]
     progress = ProgressStore(settings).read(legacy_partitions=wanted)
-    events = _open(settings.table_uri(EVENTS))
+    events = open_table(settings, settings.table_uri(EVENTS))
     if events is not None:
         read.events_version = events.version()
         for where in wanted:
@@ -119,14 +112,14 @@ def read_lake(
                 (*row, names[row[1]]) for row in zip(*columns, strict=True)
             )
             advance(batch.num_rows)
-    quarantine = _open(settings.table_uri(QUARANTINE))
+    quarantine = open_table(settings, settings.table_uri(QUARANTINE))
     if quarantine is not None:
         for batch in _batches(quarantine, _QUARANTINE_COLUMNS, Window()):
             evidence.add_quarantine(_quarantine_rows(batch, window))
             advance(batch.num_rows)
     for aggregate_type in sorted(read.aggregate_types):
         name = typed_table_name(aggregate_type)
-        typed = _open(settings.table_uri(name))
+        typed = open_table(settings, settings.table_uri(name))
         read.typed_tables[name] = -1 if typed is None else typed.version()
         if typed is None:
             continue

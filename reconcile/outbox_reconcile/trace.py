@@ -20,13 +20,14 @@ from typing import Any
 import psycopg
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
 from outbox.core.kafka_record import KafkaRecord, undecodable
 from outbox.core.partition_end import Partition
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox_lake.names import typed_table_name
 from outbox_lake.query import arrow_dataset
+from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import open_table
 from outbox_lake.tables import EVENTS, QUARANTINE
 from outbox_reconcile.records import TOPIC_PREFIX, copy_of, event_time_ms
 from outbox_reconcile.run import Sources
@@ -93,24 +94,17 @@ class Lineage:
         return out
 
 
-def _open(uri: str, version: int | None = None) -> DeltaTable | None:
-    try:
-        return DeltaTable(uri) if version is None else DeltaTable(uri, version=version)
-    except TableNotFoundError:
-        return None
-
-
 def _rows_of(table: DeltaTable, event_id: str, day: Any, columns: list[str]) -> list[Any]:
     filter_ = (ds.field("event_date") == day) & (ds.field("event_id") == event_id)
     return arrow_dataset(table).to_table(columns=columns, filter=filter_).to_pylist()  # type: ignore[no-any-return]
 
 
-def _first_version(uri: str, latest: int, event_id: str, day: Any) -> int:
+def _first_version(lake: LakeSettings, uri: str, latest: int, event_id: str, day: Any) -> int:
     """The first version of the table that holds the event (it is in ``latest``)."""
     low, high = 0, latest
     while low < high:
         middle = (low + high) // 2
-        table = _open(uri, middle)
+        table = open_table(lake, uri, middle)
         if table is not None and _rows_of(table, event_id, day, ["event_id"]):
             high = middle
         else:
@@ -118,8 +112,8 @@ def _first_version(uri: str, latest: int, event_id: str, day: Any) -> int:
     return low
 
 
-def _committed_at(uri: str, version: int) -> datetime | None:
-    table = _open(uri, version)
+def _committed_at(lake: LakeSettings, uri: str, version: int) -> datetime | None:
+    table = open_table(lake, uri, version)
     history = table.history(1) if table is not None else []
     stamp = history[0].get("timestamp") if history else None
     return None if stamp is None else datetime.fromtimestamp(stamp / 1000, UTC)
@@ -128,7 +122,7 @@ def _committed_at(uri: str, version: int) -> datetime | None:
 def _lake(sources: Sources, lineage: Lineage) -> None:
     day = lineage.event_time.date()
     uri = sources.lake.table_uri(EVENTS)
-    events = _open(uri)
+    events = open_table(sources.lake, uri)
     columns = [
         "aggregate_type",
         "aggregate_id",
@@ -142,8 +136,8 @@ def _lake(sources: Sources, lineage: Lineage) -> None:
     if events is not None:
         lineage.lake = _rows_of(events, lineage.event_id, day, columns)
         if lineage.lake:
-            version = _first_version(uri, events.version(), lineage.event_id, day)
-            committed = _committed_at(uri, version)
+            version = _first_version(sources.lake, uri, events.version(), lineage.event_id, day)
+            committed = _committed_at(sources.lake, uri, version)
             for row in lineage.lake:
                 row["table"] = EVENTS
                 row["delta_version"] = version
@@ -154,10 +148,10 @@ def _lake(sources: Sources, lineage: Lineage) -> None:
     )
     if aggregate_type is not None:
         name = typed_table_name(aggregate_type)
-        typed = _open(sources.lake.table_uri(name))
+        typed = open_table(sources.lake, sources.lake.table_uri(name))
         present = typed is not None and bool(_rows_of(typed, lineage.event_id, day, ["event_id"]))
         lineage.typed = {"table": name, "present": present}
-    quarantine = _open(sources.lake.table_uri(QUARANTINE))
+    quarantine = open_table(sources.lake, sources.lake.table_uri(QUARANTINE))
     if quarantine is not None:
         lineage.quarantine = (
             arrow_dataset(quarantine)

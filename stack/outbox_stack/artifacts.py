@@ -257,7 +257,9 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     found = sorted(folder.glob(f"{prefix}*.whl"))
     if result.returncode != 0 or not found:
-        raise StackError(f"could not download {name}=={version} from PyPI:\n{result.stderr[-2000:]}")
+        raise StackError(
+            f"could not download {name}=={version} from PyPI:\n{result.stderr[-2000:]}"
+        )
     return found[0]
 
 

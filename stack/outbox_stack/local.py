@@ -1,5 +1,6 @@
 """The whole native stack: PostgreSQL, Apache Kafka (one KRaft node), Kafka Connect with
-Debezium.
+Debezium; with ``OUTBOX_STACK_OBJECT_STORE=true``, SeaweedFS too (an S3-compatible store for
+a lake on ``s3://lake/outbox``, :mod:`outbox_stack.object_store`).
 
 Started in that order and stopped in the reverse order. With
 ``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` set to another cluster, no local broker is started and
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from outbox.settings import KafkaSettings
 from outbox_stack.broker import KafkaBroker
 from outbox_stack.connect import ConnectWorker
+from outbox_stack.object_store import SeaweedStore
 from outbox_stack.postgres import PostgresCluster
 from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
@@ -68,9 +70,13 @@ class LocalStack:
         self.connect = ConnectWorker(
             self.settings, bootstrap_servers=self.bootstrap_servers, kafka=self.kafka
         )
+        self.own_object_store = SeaweedStore(self.settings)
+        self.object_store = self.own_object_store if self.settings.object_store else None
 
     def up(self) -> list[ServiceLine]:
         self.postgres.up()
+        if self.object_store is not None:
+            self.object_store.up()
         if self.broker is not None:
             self.broker.up()
         self.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password()})
@@ -83,7 +89,14 @@ class LocalStack:
         The database URL and the connector verify PostgreSQL's certificate against the stack's
         CA (``sslmode=verify-full``, the CA file as ``sslrootcert``)."""
         tls = self.postgres.tls_parameters()
+        lake = {}
+        if self.object_store is not None:  # the lake on the stack's S3 store, its keys with it
+            lake = {
+                "OUTBOX_LAKE_ROOT": self.object_store.lake_root,
+                **self.object_store.client_environment(),
+            }
         return {
+            **lake,
             "OUTBOX_DATABASE_URL": self.postgres.url(),
             "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap_servers,
             "OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password(),
@@ -106,6 +119,7 @@ class LocalStack:
     def down(self) -> None:
         self.connect.down()
         self.own_broker.down()  # started before an external cluster was set: still ours
+        self.own_object_store.down()  # started before OUTBOX_STACK_OBJECT_STORE was unset
         for process in self._retired_processes():
             process.stop()
         self.postgres.down()
@@ -125,7 +139,12 @@ class LocalStack:
         are kept."""
         self.down()
         self.postgres.destroy()
-        for process in (self.own_broker.process, self.connect.process, *self._retired_processes()):
+        for process in (
+            self.own_broker.process,
+            self.connect.process,
+            self.own_object_store.process,
+            *self._retired_processes(),
+        ):
             shutil.rmtree(process.home, ignore_errors=True)
 
     def status(self) -> list[ServiceLine]:
@@ -157,6 +176,18 @@ class LocalStack:
                     "broker", True, f"kafka://{self.bootstrap_servers} (external)", None, "-"
                 )
             )
+        if self.object_store is not None:
+            store = self.object_store.status()
+            lines.append(
+                ServiceLine(
+                    "s3",
+                    store.running,
+                    f"{store.endpoint} (lake root {self.object_store.lake_root})",
+                    store.pid,
+                    str(self.object_store.process.log_file),
+                    str(self.object_store.data_dir),
+                )
+            )
         lines.append(
             ServiceLine(
                 "connect",
@@ -173,6 +204,8 @@ class LocalStack:
         found = {"postgres": self.postgres.log_file}
         if self.broker is not None:
             found["broker"] = self.broker.process.log_file
+        if self.object_store is not None:
+            found["s3"] = self.object_store.process.log_file
         found["connect"] = self.connect.process.log_file
         return {
             name: path.read_text(errors="replace").splitlines() if path.exists() else []

@@ -104,7 +104,14 @@ def pinned_versions() -> dict[str, str]:
     namespace = {"m": pom.tag.split("}")[0].strip("{")}
     properties = pom.find("m:properties", namespace)
     assert properties is not None
-    for name in ("kafka.version", "debezium.version", "spark.version", "delta.version"):
+    for name in (
+        "kafka.version",
+        "debezium.version",
+        "spark.version",
+        "delta.version",
+        "hadoop.version",
+        "aws.sdk.version",
+    ):
         value = properties.find(f"m:{name}", namespace)
         assert value is not None and value.text, name
         found[name] = value.text
@@ -128,6 +135,8 @@ COMPATIBILITY_ROWS = {
     "PySpark": ["pyspark"],
     "Spark (jars)": ["spark.version"],
     "Delta Lake (jars)": ["delta.version"],
+    "hadoop-aws (S3A)": ["hadoop.version"],
+    "AWS SDK for Java v2": ["aws.sdk.version"],
     "deltalake (delta-rs)": ["deltalake"],
     "pyarrow / pandas / DuckDB": ["pyarrow", "pandas", "duckdb"],
 }

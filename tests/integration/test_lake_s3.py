@@ -1,0 +1,220 @@
+"""The lake on S3-compatible object storage: the job, its readers and its writers on an
+``s3://`` root of the suite's SeaweedFS (tests/fix_object_store.py), the events from the
+suite's PostgreSQL and Kafka. Read back with ``deltalake``, never with Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from kafka import KafkaProducer
+
+from outbox import Event, Outbox
+from outbox.core.contract import topic_for
+from tests.cli import run_outbox
+from tests.fix_object_store import ObjectStore
+from tests.fix_postgres import ROOT
+from tests.fix_relay import RelayBench, wait_until
+from tests.kafka_read import read_until
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def s3_env(store: ObjectStore, root: str, prefix: str, bench: RelayBench, **extra: str) -> dict:
+    return {
+        **store.env,
+        "OUTBOX_LAKE_ROOT": root,
+        "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{prefix}.*",
+        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bench.kafka.bootstrap_servers,
+        "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
+        "OUTBOX_DATABASE_URL": bench.database.url,
+        **extra,
+    }
+
+
+def ingested(env: dict[str, str]) -> None:
+    done = run_outbox("lake", "ingest", "--available-now", env=env, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def publish_and_relay(bench: RelayBench, events: list[Event]) -> None:
+    with bench.database.connect() as connection, connection.transaction():
+        Outbox().publish_many(connection, events)
+    with bench.in_thread():
+        wait_until(lambda: bench.undelivered() == 0, timeout=120, what="relayed")
+
+
+def test_events_land_exactly_once_on_s3_and_every_reader_reads_them_there(
+    relay_bench: RelayBench, object_store: ObjectStore
+) -> None:
+    prefix = f"s{uuid.uuid4().hex[:8]}"
+    order, payment = f"{prefix}order", f"{prefix}payment"
+    committed = [
+        Event(order, str(n % 4), "OrderPlaced", {"total": n * 1.5, "customer": f"c{n}"})
+        for n in range(30)
+    ] + [Event(payment, str(n), "PaymentTaken", {"amount": n}) for n in range(6)]
+    publish_and_relay(relay_bench, committed)
+    root = object_store.new_root()
+    env = s3_env(object_store, root, prefix, relay_bench)
+    ingested(env)
+
+    expected = sorted(str(e.event_id) for e in committed)
+    assert sorted(r["event_id"] for r in object_store.rows(root, "events")) == expected
+    assert len(object_store.rows(root, f"aggregate_{order}")) == 30
+    progress = object_store.rows(root, "_progress")
+    assert progress and all(row["end_offset"] > 0 for row in progress)
+
+    listed = run_outbox("lake", "tables", env=env)
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert names == ["aggregate_" + order, "aggregate_" + payment, "events"], listed.stdout
+    answer = run_outbox("lake", "query", "SELECT count(*) FROM events", env=env)
+    assert answer.returncode == 0 and answer.stdout.splitlines()[1] == "36", answer.stderr
+
+    reconciled = run_outbox("reconcile", "--json", "--quiet", env=env, timeout=300)
+    assert reconciled.returncode == 0, reconciled.stdout[-3000:] + reconciled.stderr[-3000:]
+    assert json.loads(reconciled.stdout)["findings"] == []
+    event_id = str(committed[-1].event_id)
+    traced = run_outbox("trace", "--json", event_id, env=env, timeout=300)
+    assert traced.returncode == 0, traced.stderr
+    lineage = json.loads(traced.stdout)
+    (row,) = lineage["lake"]
+    assert row["delta_version"] >= 1 and lineage["typed"]["present"] is True
+    assert [c["offset"] for c in lineage["kafka"]] == [row["offset"]]
+
+    # Every record again through another path: the lake adds nothing.
+    records = read_until(
+        relay_bench.kafka.bootstrap_servers, topic_for(order), lambda r: len(r) >= 30
+    )
+    producer = KafkaProducer(bootstrap_servers=relay_bench.kafka.bootstrap_servers)
+    for record in records:
+        producer.send(
+            record.topic, key=record.key, value=record.value, headers=list(record.headers)
+        )
+    producer.flush()
+    producer.close()
+    ingested(env)
+    ids = [r["event_id"] for r in object_store.rows(root, "events")]
+    assert len(ids) == len(set(ids)) == len(expected)
+
+    # Maintenance: refused while the job may run, done when told it is stopped.
+    refused = run_outbox("lake", "maintain", env=env)
+    assert refused.returncode == 2 and "--ingest-stopped" in refused.stderr, refused.stderr
+    maintained = run_outbox("lake", "maintain", "--ingest-stopped", env=env, timeout=300)
+    assert maintained.returncode == 0, maintained.stderr
+    compacted = re.search(r"^events\s+compacted (\d+) files into (\d+)", maintained.stdout, re.M)
+    assert compacted is not None and int(compacted[1]) > int(compacted[2]), maintained.stdout
+    assert sorted(r["event_id"] for r in object_store.rows(root, "events")) == expected
+
+
+def test_a_job_killed_mid_batch_on_s3_loses_and_duplicates_nothing(
+    relay_bench: RelayBench, object_store: ObjectStore, tmp_path: Path
+) -> None:
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    backlog = [Event(f"{prefix}a", str(n % 20), "Tick", {"n": n}) for n in range(6000)]
+    publish_and_relay(relay_bench, backlog)
+    root = object_store.new_root()
+    env = s3_env(object_store, root, prefix, relay_bench, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="500")
+    from deltalake import DeltaTable
+
+    def batches_landed() -> int:
+        if not object_store.has_table(root, "events"):
+            return 0
+        return int(
+            DeltaTable(f"{root}/events", storage_options=object_store.storage_options).version()
+        )
+
+    log = tmp_path / "ingest.log"
+    with log.open("wb") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the driver and its JVM: killed together
+        )
+    try:
+        # Version 0 creates the table; each batch then merges once.
+        wait_until(lambda: batches_landed() >= 2, timeout=400, what="two batches on S3")
+        os.killpg(job.pid, signal.SIGKILL)  # mid-batch: the next one is under way
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+    landed = len(object_store.rows(root, "events"))
+    assert 0 < landed < len(backlog), f"killed too late to prove anything ({landed} landed)"
+
+    ingested(env)  # restarted: from the checkpoint on S3
+    ids = [r["event_id"] for r in object_store.rows(root, "events")]
+    assert len(ids) == len(set(ids)), "an event landed twice"
+    assert set(ids) == {str(e.event_id) for e in backlog}, "events lost"
+
+
+def test_a_wrong_secret_key_is_refused_in_seconds_naming_the_variable(
+    relay_bench: RelayBench, object_store: ObjectStore
+) -> None:
+    root = object_store.new_root()
+    env = s3_env(object_store, root, "w", relay_bench, AWS_SECRET_ACCESS_KEY="not-the-key")
+    for command in (
+        ("lake", "ingest", "--available-now"),
+        ("lake", "tables"),
+        ("lake", "query", "SELECT 1"),
+        ("lake", "maintain", "--ingest-stopped"),
+    ):
+        started = time.monotonic()
+        done = run_outbox(*command, env=env, timeout=120)
+        took = time.monotonic() - started
+        assert done.returncode == 2, (command, done.stdout, done.stderr[-2000:])
+        assert "AWS_SECRET_ACCESS_KEY" in done.stderr, (command, done.stderr[-2000:])
+        assert "not-the-key" not in done.stderr + done.stdout
+        assert took < 60, f"{command}: {took:.1f} s"
+    unknown = run_outbox("lake", "tables", env={**env, "AWS_ACCESS_KEY_ID": "nobody"})
+    assert unknown.returncode == 2 and "AWS_ACCESS_KEY_ID" in unknown.stderr, unknown.stderr
+
+
+def test_concurrent_deltalake_commits_on_the_store_lose_nothing(
+    object_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The readers' and ``maintain``'s writer commits by conditional writes: the store must
+    refuse a second commit of one version (so the loser retries) rather than overwrite it.
+    Even with AWS_S3_ALLOW_UNSAFE_RENAME set in the environment, our options keep it so."""
+    from deltalake import write_deltalake
+
+    from outbox_lake.settings import LakeSettings
+    from outbox_lake.storage import storage_options
+
+    for name, value in object_store.env.items():
+        if not name.startswith("OUTBOX_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_S3_ALLOW_UNSAFE_RENAME", "true")
+    root = object_store.new_root()
+    settings = LakeSettings(root=root, s3_path_style=True)
+    options = storage_options(settings)
+    uri = settings.table_uri("appends")
+    write_deltalake(uri, pa.table({"n": [-1]}), storage_options=options)
+    errors: list[BaseException] = []
+
+    def append(n: int) -> None:
+        try:
+            write_deltalake(uri, pa.table({"n": [n]}), mode="append", storage_options=options)
+        except BaseException as error:
+            errors.append(error)
+
+    writers = [threading.Thread(target=append, args=(n,)) for n in range(8)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=120)
+    assert not errors, errors
+    assert sorted(r["n"] for r in object_store.rows(root, "appends")) == list(range(-1, 8))
