@@ -218,3 +218,43 @@ def test_concurrent_deltalake_commits_on_the_store_lose_nothing(
         writer.join(timeout=120)
     assert not errors, errors
     assert sorted(r["n"] for r in object_store.rows(root, "appends")) == list(range(-1, 8))
+
+
+def test_the_stack_s_object_store_is_opt_in_on_loopback_with_private_keys(
+    tmp_path: Path,
+) -> None:
+    """``OUTBOX_STACK_OBJECT_STORE=true``: SeaweedFS in the stack, every listener on
+    loopback, its keys 0600, and ``stack env``'s lake variables pointing at it."""
+    from outbox.settings import KafkaSettings
+    from outbox_stack.local import LocalStack
+    from outbox_stack.settings import StackSettings
+    from tests.fix_object_store import free_object_store_port
+    from tests.integration.test_loopback import is_loopback, listening_on, with_descendants
+
+    settings = StackSettings(
+        dir=tmp_path / "stack",
+        object_store=True,
+        object_store_port=free_object_store_port(),
+        downloads=ROOT / ".cache" / "stack",
+    )
+    stack = LocalStack(settings, KafkaSettings())
+    assert LocalStack(settings.model_copy(update={"object_store": False})).object_store is None
+    store = stack.object_store
+    assert store is not None
+    store.up()
+    try:
+        pid = store.process.pid()
+        assert pid is not None
+        found = listening_on(with_descendants(pid))
+        assert len(found) >= 10 and all(is_loopback(address) for address, _ in found), found
+        for name in ("s3-access-key", "s3-secret-key"):
+            assert (store.process.home / name).stat().st_mode & 0o777 == 0o600
+        (line,) = [line for line in stack.status() if line.name == "s3"]
+        assert line.running and store.endpoint in line.address
+        env = store.client_environment()
+        assert env["AWS_ENDPOINT_URL"] == store.endpoint and env["AWS_ALLOW_HTTP"] == "true"
+        listed = run_outbox("lake", "tables", env={**env, "OUTBOX_LAKE_ROOT": store.lake_root})
+        assert listed.returncode == 0 and listed.stdout == "", listed.stderr
+    finally:
+        stack.down()
+    assert not store.process.is_running()
