@@ -4,15 +4,20 @@ suite's PostgreSQL and Kafka. Read back with ``deltalake``, never with Spark."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,6 +26,7 @@ from kafka import KafkaProducer
 
 from outbox import Event, Outbox
 from outbox.core.contract import topic_for
+from outbox_stack.object_store import BUCKET
 from tests.cli import run_outbox
 from tests.fix_object_store import ObjectStore
 from tests.fix_postgres import ROOT
@@ -183,41 +189,83 @@ def test_a_wrong_secret_key_is_refused_in_seconds_naming_the_variable(
     assert unknown.returncode == 2 and "AWS_ACCESS_KEY_ID" in unknown.stderr, unknown.stderr
 
 
-def test_concurrent_deltalake_commits_on_the_store_lose_nothing(
+def signed_put(store: ObjectStore, key: str, body: bytes, **headers: str) -> int:
+    """One PutObject signed with AWS Signature V4 (what every S3 client sends), by hand: the
+    HTTP status."""
+    env = store.env
+    endpoint = env["AWS_ENDPOINT_URL"]
+    now = datetime.now(UTC)
+    stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    digest = hashlib.sha256(body).hexdigest()
+    path = f"/{BUCKET}/{urllib.parse.quote(key)}"
+    signed = {
+        "host": urllib.parse.urlsplit(endpoint).netloc,
+        "x-amz-content-sha256": digest,
+        "x-amz-date": stamp,
+        **{name.lower(): value for name, value in headers.items()},
+    }
+    names = ";".join(sorted(signed))
+    canonical = "\n".join(
+        ["PUT", path, "", *(f"{n}:{signed[n]}" for n in sorted(signed)), "", names, digest]
+    )
+    scope = f"{day}/{env['AWS_REGION']}/s3/aws4_request"
+    to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    key_ = ("AWS4" + env["AWS_SECRET_ACCESS_KEY"]).encode()
+    for part in (day, env["AWS_REGION"], "s3", "aws4_request"):
+        key_ = hmac.new(key_, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key_, to_sign.encode(), hashlib.sha256).hexdigest()
+    authorization = (
+        f"AWS4-HMAC-SHA256 Credential={env['AWS_ACCESS_KEY_ID']}/{scope}, "
+        f"SignedHeaders={names}, Signature={signature}"
+    )
+    request = urllib.request.Request(
+        endpoint + path,
+        data=body,
+        method="PUT",
+        headers={
+            **{n: v for n, v in signed.items() if n != "host"},
+            "Authorization": authorization,
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return int(refused.code)
+
+
+def test_the_store_refuses_a_second_commit_of_one_version_and_deltalake_retries(
     object_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The readers' and ``maintain``'s writer commits by conditional writes: the store must
-    refuse a second commit of one version (so the loser retries) rather than overwrite it.
-    Even with AWS_S3_ALLOW_UNSAFE_RENAME set in the environment, our options keep it so."""
-    from deltalake import write_deltalake
+    """What makes ``deltalake``'s commits safe on S3 (the first version of each table,
+    ``_progress``, ``maintain``): a conditional write (``If-None-Match: *``) of an object that
+    exists is refused, and the writer that lost the race commits the next version instead of
+    overwriting. AWS_S3_ALLOW_UNSAFE_RENAME in the environment changes nothing."""
+    from deltalake import DeltaTable, write_deltalake
 
     from outbox_lake.settings import LakeSettings
     from outbox_lake.storage import storage_options
+
+    key = f"test-{uuid.uuid4().hex[:10]}/_delta_log/00000000000000000001.json"
+    assert signed_put(object_store, key, b"first", **{"If-None-Match": "*"}) == 200
+    assert signed_put(object_store, key, b"second", **{"If-None-Match": "*"}) == 412
+    assert signed_put(object_store, key, b"blind") == 200  # what an unconditional commit does
 
     for name, value in object_store.env.items():
         if not name.startswith("OUTBOX_"):
             monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_S3_ALLOW_UNSAFE_RENAME", "true")
     root = object_store.new_root()
-    settings = LakeSettings(root=root, s3_path_style=True)
-    options = storage_options(settings)
-    uri = settings.table_uri("appends")
-    write_deltalake(uri, pa.table({"n": [-1]}), storage_options=options)
-    errors: list[BaseException] = []
-
-    def append(n: int) -> None:
-        try:
-            write_deltalake(uri, pa.table({"n": [n]}), mode="append", storage_options=options)
-        except BaseException as error:
-            errors.append(error)
-
-    writers = [threading.Thread(target=append, args=(n,)) for n in range(8)]
-    for writer in writers:
-        writer.start()
-    for writer in writers:
-        writer.join(timeout=120)
-    assert not errors, errors
-    assert sorted(r["n"] for r in object_store.rows(root, "appends")) == list(range(-1, 8))
+    options = storage_options(LakeSettings(root=root, s3_path_style=True))
+    uri = f"{root}/appends"
+    write_deltalake(uri, pa.table({"n": [0]}), storage_options=options)
+    stale = DeltaTable(uri, storage_options=options)  # sees version 0 only
+    write_deltalake(uri, pa.table({"n": [1]}), mode="append", storage_options=options)
+    write_deltalake(stale, pa.table({"n": [2]}), mode="append")  # tries version 1 first
+    assert DeltaTable(uri, storage_options=options).version() == 2
+    assert sorted(r["n"] for r in object_store.rows(root, "appends")) == [0, 1, 2]
 
 
 def test_the_stack_s_object_store_is_opt_in_on_loopback_with_private_keys(
