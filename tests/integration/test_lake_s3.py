@@ -51,6 +51,20 @@ def s3_env(store: ObjectStore, root: str, prefix: str, bench: RelayBench, **extr
 def ingested(env: dict[str, str]) -> None:
     done = run_outbox("lake", "ingest", "--available-now", env=env, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert env["AWS_SECRET_ACCESS_KEY"] not in done.stdout + done.stderr
+
+
+def command_lines(pid: int) -> list[str]:
+    """The command lines of ``pid`` and its descendants (the driver, Spark's JVM)."""
+    from tests.integration.test_loopback import with_descendants
+
+    found = []
+    for member in with_descendants(pid):
+        try:
+            found.append(Path(f"/proc/{member}/cmdline").read_bytes().decode(errors="replace"))
+        except OSError:
+            continue  # ended meanwhile
+    return found
 
 
 def publish_and_relay(bench: RelayBench, events: list[Event]) -> None:
@@ -152,12 +166,16 @@ def test_a_job_killed_mid_batch_on_s3_loses_and_duplicates_nothing(
     try:
         # Version 0 creates the table; each batch then merges once.
         wait_until(lambda: batches_landed() >= 2, timeout=400, what="two batches on S3")
+        lines = command_lines(job.pid)
+        assert any("SparkSubmit" in line for line in lines), "Spark's JVM not found"
+        assert not any(env["AWS_SECRET_ACCESS_KEY"] in line for line in lines)
         os.killpg(job.pid, signal.SIGKILL)  # mid-batch: the next one is under way
         job.wait(timeout=30)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(timeout=30)
+    assert env["AWS_SECRET_ACCESS_KEY"] not in log.read_text(errors="replace")
     landed = len(object_store.rows(root, "events"))
     assert 0 < landed < len(backlog), f"killed too late to prove anything ({landed} landed)"
 
