@@ -17,9 +17,9 @@ COPY relay ./relay
 COPY lake ./lake
 COPY reconcile ./reconcile
 COPY examples ./examples
-# The lake job's jars (Spark's Kafka source, Delta's Spark writer, as stack/outbox_stack/java pins
-# them) are fetched once here with Maven, which is removed after: the job finds them in
-# OUTBOX_STACK_DOWNLOADS and needs no network at start.
+# The lake job's jars (Spark's Kafka source, Delta's Spark writer, S3A for an s3:// lake root, as
+# stack/outbox_stack/java pins them) are fetched once here with Maven, which is removed after: the
+# job finds them in OUTBOX_STACK_DOWNLOADS and needs no network at start.
 ENV OUTBOX_STACK_DOWNLOADS=/opt/outbox/downloads
 RUN pip install '.[relay,lake]' \
     && apt-get update && apt-get install -y --no-install-recommends maven \
