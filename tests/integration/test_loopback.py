@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from outbox_stack import PostgresCluster
+from tests.fix_postgres import ROOT
 from tests.fix_stack import KafkaServices
 
 pytestmark = pytest.mark.timeout(240)
@@ -23,9 +24,10 @@ LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's state column
 
 SPARK_DRIVER = """
 import sys
+from outbox_cli.lake import with_spark_jars
 from outbox_lake.job import spark_session
 from outbox_lake.settings import LakeSettings
-spark = spark_session(LakeSettings())
+spark = spark_session(with_spark_jars(LakeSettings()))  # Kafka's and Delta's jars, as the job
 spark.range(10).count()  # executors and the block manager are up
 print("ready", flush=True)
 sys.stdin.read()  # until the test closes our stdin
@@ -101,7 +103,11 @@ def spark_driver(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
         stderr=subprocess.DEVNULL,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "OUTBOX_LAKE_ROOT": str(tmp_path / "lake")},
+        env={
+            **os.environ,
+            "OUTBOX_LAKE_ROOT": str(tmp_path / "lake"),
+            "OUTBOX_STACK_DOWNLOADS": str(ROOT / ".cache" / "stack"),  # the fetched jars
+        },
     )
     try:
         assert process.stdout is not None

@@ -214,7 +214,8 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         assert exported.startswith("export OUTBOX_DATABASE_URL=")
         assert own_cluster.password() in exported
         assert f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.broker_port}\n" in exported
-        logs = outbox("logs").stdout
+        # The end of each log (its start may have scrolled past: Connect logs each REST call).
+        logs = outbox("logs", "--lines", "2000").stdout
         assert "==> connect <==" in logs and "Kafka Connect started" in logs
         assert "==> broker <==" in logs and "Kafka Server started" in logs
         assert str(stack.own_broker.data_dir) in status.stdout, "status names its data folder"

@@ -220,7 +220,7 @@ def test_the_base_install_prints_its_version_and_names_a_missing_extra(
     version = installed_base.run(outbox, "--version").stdout
     assert version.strip() == f"{DISTRIBUTION} {PROJECT_VERSION}"
     result = subprocess.run(
-        [str(outbox), "relay", "dead-letters", "list"],
+        [str(outbox), "relay", "run"],
         cwd=installed_base.elsewhere,
         env={**installed_base.env, "OUTBOX_DATABASE_URL": "postgresql://u@127.0.0.1:1/x"},
         capture_output=True,
@@ -230,7 +230,7 @@ def test_the_base_install_prints_its_version_and_names_a_missing_extra(
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
-        "error: `outbox relay dead-letters list` needs the relay extra (kafka is not "
+        "error: `outbox relay run` needs the relay extra (prometheus_client is not "
         "installed): pip install 'outbox-relay[relay]' (from a clone: pip install -e "
         "'.[relay]')"
     ]
