@@ -121,12 +121,12 @@ def spark_session(settings: LakeSettings) -> Any:
     return spark
 
 
-def kafka_options(settings: LakeSettings, kafka: KafkaSettings) -> dict[str, str]:
+def kafka_options(settings: LakeSettings, kafka: KafkaSettings | str) -> dict[str, str]:
     """The options of every read of Kafka by Spark (the stream, and a range read again): the
     cluster and its security as ``OUTBOX_KAFKA_*`` say (:func:`spark_options`; secrets
     inline, never logged), committed records only."""
     return {
-        **spark_options(kafka),
+        **spark_options(kafka_settings(kafka)),
         "kafka.isolation.level": "read_committed",
         "kafka.client.id": LAKE_CLIENT_ID,
         # The consumers' group ids start so: a prefixed group ACL covers them.
@@ -140,7 +140,7 @@ def kafka_options(settings: LakeSettings, kafka: KafkaSettings) -> dict[str, str
 
 
 def read_stream(
-    spark: Any, settings: LakeSettings, kafka: KafkaSettings, starting: Mapping[str, Any]
+    spark: Any, settings: LakeSettings, kafka: KafkaSettings | str, starting: Mapping[str, Any]
 ) -> Any:
     reader = spark.readStream.format("kafka")
     for name, value in kafka_options(settings, kafka).items():
@@ -156,7 +156,7 @@ def read_stream(
 def read_range(
     spark: Any,
     settings: LakeSettings,
-    kafka: KafkaSettings,
+    kafka: KafkaSettings | str,
     starting: Mapping[str, Mapping[str, int]],
     ending: Mapping[str, Mapping[str, int]],
 ) -> Any:
