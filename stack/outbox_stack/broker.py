@@ -255,7 +255,12 @@ class KafkaBroker:
         if (self.data_dir / "meta.properties").exists():
             return
         command = self._java_command(
-            STORAGE_TOOL, "format", "--cluster-id", new_cluster_id(), "--config", str(properties)
+            # "=": an id may begin with "-", which would read as an option on its own
+            STORAGE_TOOL,
+            "format",
+            f"--cluster-id={new_cluster_id()}",
+            "--config",
+            str(properties),
         )
         result = subprocess.run(
             command, capture_output=True, text=True, check=False, timeout=120, cwd=self.home

@@ -302,6 +302,14 @@ class DemoPipeline:
                 log.seek(self._log_offset)
                 log_text = log.read().decode(errors="replace")
         refusals = DATA_LOSS_LINE.findall(log_text)
+        if not refusals and SPARK_DATA_LOSS in log_text:
+            # Spark's own check: the checkpoint's offsets are past the end of the topic now
+            # on the broker (a topic our start-up check could not compare yet: it did not
+            # exist when the job started).
+            refusals = [
+                f"{SPARK_DATA_LOSS} (Spark's Kafka source): {TOPIC_REPLACED}, or its records "
+                "were deleted: the lake's checkpoint has read past its end"
+            ]
         if not refusals:
             return StackError(
                 f"the lake's ingest job stopped; see {self.ingest.log_file}:\n"
@@ -323,6 +331,8 @@ class DemoPipeline:
 # refusal for a topic that is another log than the lake's (outbox_lake.offsets.losses).
 DATA_LOSS_LINE = re.compile(r"DataLossError: (.+)")
 TOPIC_REPLACED = "the topic on the broker is not the one the lake has read"
+# Spark's Kafka source's words when a checkpoint's offsets are gone from the broker.
+SPARK_DATA_LOSS = "Some data may have been lost"
 
 
 def run_lake_job() -> None:
@@ -362,7 +372,10 @@ def run_lake_job() -> None:
         raise StackError("the demo's lake job needs OUTBOX_KAFKA_BOOTSTRAP_SERVERS")
     spark = spark_session(settings)
     spark.streams.addListener(FirstTrigger())
-    run_ingest(settings, bootstrap, available_now=False, spark=spark)
+    try:
+        run_ingest(settings, bootstrap, available_now=False, spark=spark)
+    finally:
+        spark.stop()  # the JVM ends its context now, and exits once this process has
 
 
 if __name__ == "__main__" and sys.argv[1:] == [LAKE_JOB_MARKER]:
