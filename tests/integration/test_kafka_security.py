@@ -80,6 +80,25 @@ def left(database: ScratchDatabase) -> int:
     return -1 if row is None else int(row[0])
 
 
+def send_as_relay(secure_kafka: SecureKafka, migrated: ScratchDatabase, ids: list[str]) -> None:
+    """The outbox's rows sent once by the relay's producer as the `relay` principal; all of
+    ``ids`` delivered."""
+    from outbox_relay.database import RelayDatabase
+
+    producer = ContractProducer(secure_kafka.sasl("relay"), RelaySettings())
+    try:
+        database = RelayDatabase(migrated.url, OutboxSettings().tables, 10)
+        database.connect()
+        try:
+            assert database.try_lead()
+            outcome = producer.publish(database.read(0, 100, []))
+        finally:
+            database.close()
+        assert sorted(outcome.delivered) == sorted(ids), outcome
+    finally:
+        producer.close()
+
+
 def refused(make: Callable[[], Any]) -> tuple[BrokerAuthenticationError, float]:
     """The login error ``make`` raises, and how long it took."""
     started = time.monotonic()
@@ -285,21 +304,7 @@ def test_idempotent_consumer_consumes_over_mutual_tls_in_its_group(
 ) -> None:
     aggregate_type = f"sec{uuid.uuid4().hex[:8]}"
     ids = publish(migrated, aggregate_type, 5)
-    producer = ContractProducer(secure_kafka.sasl("relay"), RelaySettings())
-    try:
-        from outbox_relay.database import RelayDatabase
-
-        database = RelayDatabase(migrated.url, OutboxSettings().tables, 10)
-        database.connect()
-        try:
-            assert database.try_lead()
-            rows = database.read(0, 100, [])
-        finally:
-            database.close()
-        outcome = producer.publish(rows)
-        assert sorted(outcome.delivered) == sorted(ids), outcome
-    finally:
-        producer.close()
+    send_as_relay(secure_kafka, migrated, ids)
 
     applied: list[str] = []
     engine = sa.create_engine(migrated.url)
@@ -333,20 +338,7 @@ def test_the_lake_job_ingests_as_its_principal_with_spark_kafka_source(
 
     aggregate_type = f"sec{uuid.uuid4().hex[:8]}"
     ids = publish(migrated, aggregate_type, 9)
-    producer = ContractProducer(secure_kafka.sasl("relay"), RelaySettings())
-    try:
-        from outbox_relay.database import RelayDatabase
-
-        database = RelayDatabase(migrated.url, OutboxSettings().tables, 10)
-        database.connect()
-        try:
-            assert database.try_lead()
-            outcome = producer.publish(database.read(0, 100, []))
-        finally:
-            database.close()
-        assert sorted(outcome.delivered) == sorted(ids), outcome
-    finally:
-        producer.close()
+    send_as_relay(secure_kafka, migrated, ids)
 
     password_file = tmp_path / "lake-password"
     password_file.write_text(secure_kafka.passwords["lake"])
