@@ -178,4 +178,5 @@ def configure_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,  # the standard error of this invocation, not of an earlier one
     )

@@ -35,8 +35,10 @@ def ingest(
     from outbox_lake.settings import LakeSettings
     from outbox_relay.logs import configure_json_logging
 
-    settings = with_spark_jars(load(LakeSettings))
+    # Every setting is checked before the jars are fetched: a typo fails in one line, at once.
+    lake = load(LakeSettings)
     kafka = kafka_settings()
+    settings = with_spark_jars(lake)
     configure_json_logging("INFO")
     try:
         run_ingest(settings, kafka, available_now=available_now)
