@@ -22,7 +22,7 @@ from typing import Any
 
 from outbox._drivers import drive, sync_executor
 from outbox.core.effect_statements import EffectStatements
-from outbox.core.effects import check_step_names
+from outbox.core.effects import check_step_names, stored_context
 from outbox.core.errors import EffectStateError
 from outbox.core.protocol import Rows
 from outbox.core.statements import Result, Statement
@@ -77,7 +77,10 @@ def steps_needing_decision(
     rows = drive(
         _rows(_statements(settings).steps_needing_decision, params), sync_executor(transaction)
     )
-    return [ParkedStep(*row) for row in rows]
+    return [
+        ParkedStep(consumer, event_id, effect, key, attempt, stored_context(context), *times)
+        for consumer, event_id, effect, key, attempt, context, *times in rows
+    ]
 
 
 def decision_summary(

@@ -8,7 +8,6 @@ not: the consumer calls once more, with the same key, at its next start).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -35,6 +34,7 @@ def list_command(
     """Print the steps that need a decision: names, idempotency key, age, reason, context."""
     from datetime import UTC, datetime
 
+    from outbox.core.payload import encode_parsed_json
     from outbox.effect_decisions import steps_needing_decision
 
     with _database(database_url, database_url_file) as (connection, settings):
@@ -47,7 +47,7 @@ def list_command(
         typer.echo(
             f"{step.consumer}  {step.event_id}  {step.effect}  key={step.idempotency_key}  "
             f"attempt={step.attempt}  parked {step.parked_at.isoformat()} ({waited} s ago)\n"
-            f"    context: {json.dumps(step.context)[:500]}\n"
+            f"    context: {encode_parsed_json(step.context)[:500]}\n"
             f"    reason: {step.reason}"
         )
     typer.echo(f"{len(steps)} step(s) need a decision", err=True)

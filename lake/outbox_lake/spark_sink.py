@@ -64,6 +64,7 @@ _DELTA_KINDS = {
     "double": "double",
     "float": "double",
     "boolean": "boolean",
+    "decimal(38,18)": "decimal",
 }
 
 

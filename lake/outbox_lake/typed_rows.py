@@ -1,30 +1,57 @@
-"""The typing planner: events of one aggregate type → typed rows, new columns, set-aside rows.
+"""Typing: events of one aggregate type → typed rows, or rows set aside with the reason.
 
-Pure (no I/O): given the parsed events of a batch and the typed table's columns so far, it
-decides, row by row, what each payload field becomes. Every decision about one row stays
-with that row: a payload the table cannot hold (see :mod:`outbox.core.lake_contract`), a
-field whose type changed, a name that differs only in case from a column, or anything else
-that goes wrong while typing it, sets *that row* aside with the reason; the batch goes on.
+Pure (no I/O; it runs on Spark's executors, one Arrow batch at a time): given the parsed
+events and the typed table's columns (decided on the driver for the batch), it decides, row
+by row, what each payload field becomes. Every decision about one row stays with that row: a
+payload the table cannot hold (see :mod:`outbox.core.lake_contract`), a field whose type
+changed, a name that differs only in case from a column, or anything else that goes wrong
+while typing it, sets *that row* aside with the reason; the batch goes on.
 
-Column types: JSON booleans → boolean, integers → bigint, other numbers → double, strings →
-string, objects and arrays → their JSON text. An integer fits a double column (widened); a
-double never narrows into a bigint column. Types are decided by the first row that brings a
-field (in the batch's offset order), then kept.
+Column kinds, decided by the first record that brings a field (in offset order), then kept:
+
+=====================================  ===================================================
+JSON value                             column
+=====================================  ===================================================
+``true``/``false``                     ``boolean``
+integer (``12``)                       ``bigint``
+number with a fraction or an exponent  ``decimal(38,18)`` when it fits exactly (below
+(``12.30``, ``2.5``, ``1e-3``)         10^20, at most 18 digits after the point), else
+                                       ``double``
+string                                 ``string``
+object, array                          ``string`` (its JSON text)
+=====================================  ===================================================
+
+What a later value of another kind becomes: an integer fits a ``decimal`` or ``double``
+column (widened); a fractional number in a ``decimal`` column keeps 18 digits after the
+point (more are rounded, half to even), in a ``double`` column becomes the nearest double,
+and in a ``string`` column (a table from before the SDK wrote ``Decimal`` as a number) is
+kept as its exact text. Anything else (a string into a number column, a fraction into a
+``bigint`` column, a decimal of 10^20 or more into a ``decimal`` column) sets the row aside.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
 from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 
 from outbox.core.contract import load_strict_json
-from outbox.core.lake_contract import MAX_COLUMN_NAME, column_name_problem, scalar_problem
+from outbox.core.lake_contract import (
+    DECIMAL_PRECISION,
+    DECIMAL_SCALE,
+    MAX_COLUMN_NAME,
+    column_name_problem,
+    decimal_fits,
+    scalar_problem,
+)
+from outbox.core.payload import encode_parsed_json
 
-__all__ = ["TYPED_BASE", "TypedPlan", "plan_typed_rows"]
+__all__ = ["TYPED_BASE", "kind_of", "payload_columns", "type_batch", "typed_batch_schema"]
+
+DECIMAL = pa.decimal128(DECIMAL_PRECISION, DECIMAL_SCALE)
+_QUANTUM = Decimal(1).scaleb(-DECIMAL_SCALE)
 
 # A payload's field names repeat from event to event: each is judged once (names too long
 # for a column are refused at once, and never kept in the cache).
@@ -35,10 +62,6 @@ def _name_problem(name: str) -> str | None:
     if len(name) > MAX_COLUMN_NAME:
         return column_name_problem(name)
     return _cached_name_problem(name)
-
-
-# One encoder for the process (json.dumps with options builds one per call).
-_NESTED_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 TYPED_BASE = [
@@ -53,24 +76,6 @@ TYPED_BASE = [
 _BASE_NAMES = [name for name, _ in TYPED_BASE]
 
 
-@dataclass
-class TypedPlan:
-    schema: pa.Schema
-    """The base columns and every payload column the accepted rows use."""
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    """Typed rows, each cell already of its column's type."""
-    rejected: list[tuple[dict[str, Any], str]] = field(default_factory=list)
-    """(event row, reason) for each row set aside."""
-
-    built: pa.Table | None = None
-    """The rows as a table, once built (planning checks that Arrow takes them)."""
-
-    def table(self) -> pa.Table:
-        if self.built is None:
-            self.built = pa.Table.from_pylist(self.rows, schema=self.schema)
-        return self.built
-
-
 class _Refused(Exception):
     """One row cannot be typed; the message is the reason."""
 
@@ -80,9 +85,38 @@ def _column_type(value: Any) -> pa.DataType:
         return pa.bool_()
     if isinstance(value, int):
         return pa.int64()
+    if isinstance(value, Decimal):
+        return DECIMAL if decimal_fits(value) else pa.float64()
     if isinstance(value, float):
         return pa.float64()
     return pa.string()
+
+
+def _into(name: str, cell: Any, kind: pa.DataType, known: pa.DataType, table_name: str) -> Any:
+    """``cell`` (of ``kind``) as the column of type ``known`` stores it, when it can."""
+    if known == DECIMAL and (pa.types.is_integer(kind) or isinstance(cell, Decimal)):
+        value = Decimal(cell)
+        if decimal_fits(value, exactly=False):
+            return value.quantize(_QUANTUM, rounding=ROUND_HALF_EVEN)
+        raise _Refused(
+            f"payload field {name!r} = {value} does not fit the column's decimal(38,18) "
+            f"in {table_name} (10^20 or more): send it as a string"
+        )
+    if pa.types.is_floating(known) and (pa.types.is_integer(kind) or isinstance(cell, Decimal)):
+        number = float(cell)
+        problem = scalar_problem(name, number)
+        if problem is not None:
+            raise _Refused(problem)
+        return number
+    if known == pa.string() and isinstance(cell, Decimal):
+        return str(cell)  # a column from before the SDK wrote Decimal as a number: its text
+    raise _Refused(
+        f"payload field {name!r} is {_kind_name(kind)} here but {_kind_name(known)} in {table_name}"
+    )
+
+
+def _kind_name(kind: pa.DataType) -> str:
+    return "decimal(38,18)" if kind == DECIMAL else str(kind)
 
 
 def _cell(name: str, value: Any) -> Any:
@@ -92,9 +126,9 @@ def _cell(name: str, value: Any) -> Any:
         raise _Refused(problem)
     if isinstance(value, dict | list):
         try:
-            text = _NESTED_JSON.encode(value)
+            text = encode_parsed_json(value)
             text.encode("utf-8")
-        except (ValueError, UnicodeEncodeError) as error:
+        except (ValueError, TypeError, UnicodeEncodeError) as error:
             raise _Refused(f"payload field {name!r} cannot be kept as JSON text: {error}") from None
         except RecursionError:
             raise _Refused(f"payload field {name!r} is nested too deeply") from None
@@ -104,58 +138,12 @@ def _cell(name: str, value: Any) -> Any:
 
 def _load(payload_text: str) -> dict[str, Any]:
     try:
-        payload = load_strict_json(payload_text)
+        payload = load_strict_json(payload_text, exact=True)
     except RecursionError:
         raise _Refused("the payload is nested too deeply to type") from None
     if not isinstance(payload, dict):
         raise _Refused("the payload is not a JSON object: it has no typed row")
     return payload
-
-
-def plan_typed_rows(
-    events: list[dict[str, Any]], existing: dict[str, pa.DataType], table_name: str
-) -> TypedPlan:
-    """Type ``events`` (parsed rows of one aggregate type, in offset order) for the table
-    whose payload columns so far are ``existing`` (name → Arrow type)."""
-    columns: dict[str, pa.DataType] = {}
-    by_lower = {name.lower(): name for name in [*_BASE_NAMES, *existing]}
-    plan = TypedPlan(schema=pa.schema(TYPED_BASE))
-    for event in events:
-        try:
-            cells, new = _type_row(event, existing, columns, by_lower, table_name)
-        except _Refused as refused:
-            plan.rejected.append((event, str(refused)))
-            continue
-        except Exception as error:  # whatever one row does, it stays that row's problem
-            plan.rejected.append((event, f"cannot type this row: {type(error).__name__}: {error}"))
-            continue
-        for name, kind in new.items():
-            columns[name] = kind
-            by_lower[name.lower()] = name
-        plan.rows.append({**{name: event.get(name) for name in _BASE_NAMES}, **cells})
-    plan.schema = pa.schema(
-        TYPED_BASE + [(name, existing.get(name, kind)) for name, kind in sorted(columns.items())]
-    )
-    _keep_storable(plan, events)
-    return plan
-
-
-def _keep_storable(plan: TypedPlan, events: list[dict[str, Any]]) -> None:
-    """Whatever slipped through the checks above and Arrow still refuses: that row only."""
-    try:
-        plan.table()
-        return
-    except (pa.ArrowException, ValueError, TypeError, OverflowError):
-        pass
-    accepted = [event for event in events if not any(event is r for r, _ in plan.rejected)]
-    rows = []
-    for event, row in zip(accepted, plan.rows, strict=True):
-        try:
-            pa.Table.from_pylist([row], schema=plan.schema)
-            rows.append(row)
-        except (pa.ArrowException, ValueError, TypeError, OverflowError) as error:
-            plan.rejected.append((event, f"cannot store this row: {type(error).__name__}: {error}"))
-    plan.rows = rows
 
 
 def _type_row(
@@ -192,24 +180,27 @@ def _type_row(
                     f"of {table_name}: rename the field"
                 )
             new[name] = kind
-        elif kind != known:
-            if pa.types.is_integer(kind) and pa.types.is_floating(known):
-                cell = float(cell)
-            else:
-                raise _Refused(f"payload field {name!r} is {kind} here but {known} in {table_name}")
+            known = kind
+        if kind != known or isinstance(cell, Decimal):
+            cell = _into(name, cell, kind, known, table_name)
         cells[name] = cell
     return cells, new
 
 
 # -- on the executors: the same decisions, one batch at a time --------------------------------
 
-_KIND_OF_ARROW = {pa.bool_(): "boolean", pa.int64(): "long", pa.float64(): "double"}
-_ARROW_OF_KIND = {"boolean": pa.bool_(), "long": pa.int64(), "double": pa.float64()}
+_KIND_OF_ARROW = {
+    pa.bool_(): "boolean",
+    pa.int64(): "long",
+    pa.float64(): "double",
+    DECIMAL: "decimal",
+}
+_ARROW_OF_KIND = {kind: arrow for arrow, kind in _KIND_OF_ARROW.items()}
 _BASE_LOWER = {name.lower(): name for name in _BASE_NAMES}
 
 
 def kind_of(arrow: pa.DataType) -> str:
-    """A payload column's kind (``boolean``, ``long``, ``double``, ``string``)."""
+    """A payload column's kind (``boolean``, ``long``, ``decimal``, ``double``, ``string``)."""
     return _KIND_OF_ARROW.get(arrow, "string")
 
 

@@ -23,6 +23,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from outbox.core.errors import ContractViolation
@@ -146,6 +147,8 @@ class ReceivedEvent:
     aggregate_id: str
     event_type: str
     payload: Any
+    """The value as JSON: numbers with a fraction or an exponent are ``Decimal`` (exact: a
+    ``Decimal`` published comes back equal), integers ``int``."""
     headers: dict[str, str]
     traceparent: str | None
     topic: str
@@ -154,8 +157,7 @@ class ReceivedEvent:
     position: int | None = None
     """Commit order within the aggregate; ``None`` for records written before the header."""
     payload_text: str | None = None
-    """The value exactly as received (``None`` for a tombstone): lossless, unlike ``payload``
-    (a float too large for a double is ``inf`` there)."""
+    """The value exactly as received (``None`` for a tombstone)."""
     headers_text: str = "{}"
     """The ``headers`` header exactly as received."""
 
@@ -183,7 +185,7 @@ def parse_record(
         raise ContractViolation("the record has no 'eventType' header")
     payload_text = _text(value, "the value") if value is not None else None
     headers_text = _text(named.get(HEADER_HEADERS) or b"{}", "the 'headers' header")
-    payload = _json(payload_text, "the value") if payload_text is not None else None
+    payload = _json(payload_text, "the value", exact=True) if payload_text is not None else None
     extra = _json(headers_text, "the 'headers' header")
     if not isinstance(extra, dict):
         raise ContractViolation("the 'headers' header is not a JSON object")
@@ -210,22 +212,24 @@ def refuse_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-# One decoder for the process: json.loads builds a new one on every call given an option.
+# One decoder each for the process: json.loads builds a new one on every call given an option.
 _STRICT_DECODER = json.JSONDecoder(parse_constant=refuse_json_constant)
+_EXACT_DECODER = json.JSONDecoder(parse_constant=refuse_json_constant, parse_float=Decimal)
 
 
-def load_strict_json(text: str) -> Any:
+def load_strict_json(text: str, *, exact: bool = False) -> Any:
     """``json.loads(text, parse_constant=refuse_json_constant)``, without a decoder per call
-    (it runs for every record the lake and the consumers read)."""
+    (it runs for every record the lake and the consumers read); with ``exact``, numbers with
+    a fraction or an exponent are ``Decimal`` (``parse_float=Decimal``), not ``float``."""
     if text.startswith("\ufeff"):  # as json.loads
         raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-    return _STRICT_DECODER.decode(text)
+    return (_EXACT_DECODER if exact else _STRICT_DECODER).decode(text)
 
 
-def _json(text: str, what: str) -> Any:
+def _json(text: str, what: str, *, exact: bool = False) -> Any:
     """Strict JSON: ``NaN``/``Infinity`` refused; nesting too deep for Python refused."""
     try:
-        return load_strict_json(text)
+        return load_strict_json(text, exact=exact)
     except ValueError as error:  # JSONDecodeError is a ValueError
         raise ContractViolation(f"{what} is not JSON: {error}") from None
     except RecursionError:

@@ -17,6 +17,8 @@ from outbox.core.tables import OutboxTables
 
 __all__ = ["EffectStatements"]
 
+# The context as its JSON text: read back with exact numbers (see EffectStep.context).
+_CONTEXT = "context::text AS context"
 _STEP = "consumer = %(consumer)s AND event_id = %(event_id)s AND effect = %(effect)s"
 _TOUCH = "updated_at = clock_timestamp()"
 
@@ -45,7 +47,8 @@ class EffectStatements:
     def read_step(self) -> str:
         """The step as it stands, without a lock (a done step is skipped with no write)."""
         return (
-            f"SELECT state, attempt, reference, reason, context FROM {self._table}\nWHERE {_STEP}"
+            f"SELECT state, attempt, reference, reason, {_CONTEXT} FROM {self._table}\n"
+            f"WHERE {_STEP}"
         )
 
     @cached_property
@@ -53,7 +56,8 @@ class EffectStatements:
         """The step, locked until the transaction ends (waits for a call in progress), with
         when its current attempt began and the database's time now (for the settle time)."""
         return (
-            f"SELECT state, attempt, reference, reason, context, updated_at, clock_timestamp()\n"
+            f"SELECT state, attempt, reference, reason, {_CONTEXT}, updated_at,\n"
+            f"       clock_timestamp()\n"
             f"FROM {self._table}\n"
             f"WHERE {_STEP}\n"
             f"FOR UPDATE"
@@ -107,7 +111,7 @@ class EffectStatements:
     def steps_needing_decision(self) -> str:
         """Parked steps (of one consumer, or of all when it is null), oldest first."""
         return (
-            f"SELECT consumer, event_id, effect, idempotency_key, attempt, context, reason,\n"
+            f"SELECT consumer, event_id, effect, idempotency_key, attempt, {_CONTEXT}, reason,\n"
             f"       started_at, updated_at FROM {self._table}\n"
             f"WHERE state = 'needs_decision'\n"
             f"  AND (CAST(%(consumer)s AS text) IS NULL OR consumer = %(consumer)s)\n"

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from outbox.core.contract import load_strict_json
 from outbox.core.effect_statements import EffectStatements
 from outbox.core.errors import EffectError, EffectNotPerformedError
 from outbox.core.statements import Result, Statement
@@ -140,6 +141,8 @@ class EffectStep:
     idempotency_key: uuid.UUID
     attempt: int
     context: Any
+    """The ``context`` given to ``perform``, read back as JSON (as an event's payload is:
+    numbers with a fraction or an exponent are exact ``Decimal``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +379,7 @@ def perform_step(
     yield COMMIT
     if existing:
         state_text, attempt, reference, reason, context = existing[0]
-        step = EffectStep(consumer, event_id, effect, key, attempt, context)
+        step = EffectStep(consumer, event_id, effect, key, attempt, stored_context(context))
         if state_text == StepState.DONE.value:
             return EffectOutcome(step, StepState.DONE, reference, called=False)
         if state_text == StepState.NEEDS_DECISION.value:
@@ -394,7 +397,7 @@ def perform_step(
         # attempt_started_at: when the step's current attempt began (while it is started).
         state_text, attempt, reference, reason, context, attempt_started_at, now = rows[0]
         state = StepState(state_text)
-        step = EffectStep(consumer, event_id, effect, key, attempt, context)
+        step = EffectStep(consumer, event_id, effect, key, attempt, stored_context(context))
         move = next_move(state, attempt, mine, can_look_up=can_look_up)
         answer: LookupAnswer | None = None
         settling: Settling | None = None
@@ -461,3 +464,8 @@ def perform_step(
         f"step {consumer}/{event_id}/{effect} changed hands {_MAX_ROUNDS} times in one call: "
         "are several consumers releasing it in a loop?"
     )
+
+
+def stored_context(text: str | None) -> Any:
+    """A step's context as read back (``context::text``): JSON with exact numbers."""
+    return None if text is None else load_strict_json(text, exact=True)

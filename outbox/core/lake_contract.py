@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 __all__ = [
+    "DECIMAL_PRECISION",
+    "DECIMAL_SCALE",
     "INT64_MAX",
     "INT64_MIN",
     "MAX_COLUMN_NAME",
     "TYPED_BASE_COLUMNS",
     "column_name_problem",
+    "decimal_fits",
     "payload_problems",
     "scalar_problem",
 ]
@@ -30,6 +34,30 @@ __all__ = [
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 MAX_COLUMN_NAME = 255
+
+DECIMAL_PRECISION = 38
+DECIMAL_SCALE = 18
+"""A typed column of exact decimals is ``decimal(38, 18)`` (Spark's default for a decimal
+of unknown size): 20 digits before the point, 18 after."""
+_DECIMAL_LIMIT = Decimal(10) ** (DECIMAL_PRECISION - DECIMAL_SCALE)
+_QUANTUM = Decimal(1).scaleb(-DECIMAL_SCALE)
+
+
+def decimal_fits(value: Decimal, *, exactly: bool = True) -> bool:
+    """Whether ``value`` fits a ``decimal(38, 18)`` column: below 10^20 in magnitude and, when
+    ``exactly``, with at most 18 digits after the point (else it is rounded to 18)."""
+    if not value.is_finite():
+        return False
+    exponent = value.as_tuple().exponent
+    if (
+        exactly
+        and isinstance(exponent, int)
+        and exponent < -DECIMAL_SCALE
+        and value != value.quantize(_QUANTUM, rounding=ROUND_HALF_EVEN)
+    ):
+        return False  # digits beyond the 18th after the point that are not zeros
+    return abs(value) < _DECIMAL_LIMIT
+
 
 TYPED_BASE_COLUMNS = (
     "event_id",
@@ -79,7 +107,7 @@ def scalar_problem(name: str, value: Any) -> str | None:
         if not INT64_MIN <= value <= INT64_MAX:
             return (
                 f"payload field {name!r} = {value} is outside a 64-bit integer's range: send it "
-                "as a string (or a Decimal, which the SDK writes as an exact string)"
+                "as a string"
             )
         return None
     if isinstance(value, float):
@@ -87,6 +115,13 @@ def scalar_problem(name: str, value: Any) -> str | None:
             return (
                 f"payload field {name!r} is too large for a double (it reads as {value}): "
                 "send it as a string; events.payload keeps the exact text"
+            )
+        return None
+    if isinstance(value, Decimal):
+        if not decimal_fits(value, exactly=False) and not math.isfinite(float(value)):
+            return (
+                f"payload field {name!r} is too large for a double or a decimal(38,18) "
+                f"({value}): send it as a string; events.payload keeps the exact text"
             )
         return None
     if isinstance(value, str) and not _is_utf8(value):

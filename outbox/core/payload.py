@@ -10,7 +10,9 @@ Python value               JSON
 ``float`` (finite)         number; ``nan`` and ``inf`` are refused
 ``str``                    string; NUL characters and lone surrogates are refused
                            (PostgreSQL's ``jsonb`` cannot store them)
-``Decimal`` (finite)       string with the exact digits, e.g. ``"12.30"``
+``Decimal`` (finite)       number with the exact digits and a decimal point, e.g.
+                           ``12.30``, ``12.0`` for ``Decimal("12")`` (so a reader
+                           tells it from an integer); at most 1000 digits
 ``datetime``, ``date``,    ISO 8601 string (``datetime.isoformat()``)
 ``time``
 ``UUID``                   string in canonical form
@@ -32,6 +34,7 @@ import datetime as dt
 import enum
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
@@ -39,7 +42,7 @@ from typing import Any
 
 from outbox.core.errors import PayloadTooLargeError, PayloadTypeError
 
-__all__ = ["JsonValue", "encode_json", "to_json_value"]
+__all__ = ["JsonValue", "encode_json", "encode_parsed_json", "to_json_value"]
 
 # One encoder for the process: json.dumps with options builds a new one on every call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -56,12 +59,21 @@ _ENCODE_PLAIN: Callable[[Any, int], Sequence[str]] = (
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
+# A Decimal leaves the walk as a NUL character and its digits, a string no payload can hold
+# (text with NUL is refused): the encoder writes it as "\u0000<digits>", and the quotes and the
+# marker are then taken off, leaving the exact number.
+_DECIMAL_MARK = "\x00"
+_DECIMAL_TEXT = re.compile(r'"\\u0000(-?[0-9]+\.[0-9]+)"')
+_MAX_DECIMAL_DIGITS = 1000
+
 
 def encode_json(value: object, *, root: str = "payload", max_bytes: int | None = None) -> str:
     """Encode ``value`` to compact JSON text; refuse it if larger than ``max_bytes`` (UTF-8)."""
     text = _encode_plain(value)
     if text is None:  # not plain JSON types, or a value to refuse: the walk names the field
         text = _ENCODER.encode(to_json_value(value, root))
+        if "\\u0000" in text:  # the walk's Decimals: exact numbers
+            text = _DECIMAL_TEXT.sub(r"\1", text)
     if max_bytes is not None:
         # A str's UTF-8 size is at most 4 bytes per character: skip the encode when it fits anyway.
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
@@ -115,8 +127,29 @@ def _is_plain(item: object) -> bool:
     return kind in _PLAIN_SCALARS
 
 
+def _marked_decimal(value: object) -> str:
+    if isinstance(value, Decimal) and value.is_finite():
+        return _DECIMAL_MARK + _decimal_text(value, "a value")
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# For JSON already parsed with parse_float=Decimal: its Decimals marked, as in the walk.
+_PARSED_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_marked_decimal
+)
+
+
+def encode_parsed_json(value: Any) -> str:
+    """Compact JSON text of a value parsed from JSON with ``parse_float=Decimal``: its
+    ``Decimal`` numbers written exactly. Raises ``ValueError`` or ``TypeError`` (a NaN, a
+    type JSON does not have), ``RecursionError`` (nesting too deep)."""
+    text = _PARSED_ENCODER.encode(value)
+    return _DECIMAL_TEXT.sub(r"\1", text) if "\\u0000" in text else text
+
+
 def to_json_value(value: object, path: str = "payload") -> JsonValue:
-    """Convert ``value`` to plain JSON types, or raise naming the path of the bad field."""
+    """Convert ``value`` to plain JSON types, or raise naming the path of the bad field
+    (a ``Decimal`` becomes a marked string that :func:`encode_json` writes as a number)."""
     # Exact built-in types first, without isinstance: this runs for every field of every event.
     if type(value) is str:
         _check_text(value, path)
@@ -181,7 +214,7 @@ def _special_to_json(value: object, path: str) -> JsonValue:
             raise PayloadTypeError(
                 f"{path} is Decimal({str(value)!r}), which JSON cannot represent", path=path
             )
-        return str(value)
+        return _DECIMAL_MARK + _decimal_text(value, path)
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, uuid.UUID):
@@ -201,6 +234,21 @@ def _special_to_json(value: object, path: str) -> JsonValue:
         "Decimal, datetime, date, time, UUID, an Enum, a dataclass or a pydantic model",
         path=path,
     )
+
+
+def _decimal_text(value: Decimal, path: str) -> str:
+    """The exact digits, in plain notation, with a decimal point."""
+    digits = len(value.as_tuple().digits)
+    exponent = value.as_tuple().exponent
+    assert isinstance(exponent, int)  # finite
+    if digits + abs(exponent) > _MAX_DECIMAL_DIGITS:
+        raise PayloadTypeError(
+            f"{path} is Decimal({str(value)!r}), over {_MAX_DECIMAL_DIGITS} digits written "
+            "out: send it as a string",
+            path=path,
+        )
+    text = format(value, "f")
+    return text if "." in text else text + ".0"
 
 
 def _check_text(text: str, path: str) -> None:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -225,12 +226,13 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
 
 
 def analysts_sql() -> list[str]:
-    """Every SQL example of docs/analysts.md: ```sql blocks, `outbox lake query "..."` lines
-    and the Spark examples' SQL (standard SQL that DuckDB runs as well)."""
+    """Every SQL example of docs/analysts.md: ```sql blocks, `outbox lake query "..."` lines,
+    inline `SELECT ...` and the Spark examples' SQL (standard SQL that DuckDB runs as well)."""
     text = (ROOT / "docs" / "analysts.md").read_text()
     found = re.findall(r"```sql\n(.*?)```", text, re.S)
     found += re.findall(r'^outbox lake query "(.*)"', text, re.M)
     found += re.findall(r'spark\.sql\("""(.*?)"""\)', text, re.S)
+    found += re.findall(r"(?<!`)`(SELECT [^`]+)`", text)  # inline examples
     return [sql.strip() for sql in found]
 
 
@@ -238,19 +240,22 @@ def test_every_sql_example_of_the_analysts_guide_runs_on_a_lake_the_job_filled(
     kafka_services: Any, tmp_path: Path
 ) -> None:
     from outbox.core.contract import record_for
+    from outbox.core.payload import encode_json
     from outbox_lake.query import run_sql
     from outbox_lake.settings import LakeSettings
 
     examples = analysts_sql()
-    assert len(examples) >= 7, examples
+    assert len(examples) >= 9, examples
     producer = KafkaProducer(bootstrap_servers=kafka_services.bootstrap_servers)
-    for n in range(30):
+    # Totals as the example order service publishes them: Decimal sums of prices in cents.
+    totals = [Decimal(n * 1999 + 1) / 100 for n in range(30)]
+    for n, total in enumerate(totals):
         record = record_for(
             event_id=uuid.uuid4(),
             aggregate_type="order",
             aggregate_id=str(n % 7),
             event_type="OrderPaid" if n % 3 == 0 else "OrderPlaced",
-            payload_text=json.dumps({"customer": f"c{n % 4}", "total": n * 2.5}),
+            payload_text=encode_json({"customer": f"c{n % 4}", "total": total}),
             headers_text="{}",
             traceparent="",
             position=n,
@@ -272,6 +277,11 @@ def test_every_sql_example_of_the_analysts_guide_runs_on_a_lake_the_job_filled(
     for sql in examples:
         columns, answer = run_sql(settings, sql)
         assert columns and answer, sql
+    # Money sums without a cast, to the cent: the totals landed in a decimal column.
+    _, [[summed]] = run_sql(settings, "SELECT sum(total) FROM aggregate_order")
+    assert summed == sum(totals), (summed, sum(totals))
+    kinds = {f.name: f.type for f in DeltaTable(str(root / "aggregate_order")).schema().fields}
+    assert str(kinds["total"].type) == "decimal(38,18)", kinds["total"]
     paid = run_outbox(
         "lake", "query", "SELECT count(*) FROM events WHERE event_type = 'OrderPaid'", env=env
     )

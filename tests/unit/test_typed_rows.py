@@ -1,20 +1,22 @@
-"""The typing planner, the SDK's lake contract, and typed table names (pure: no Spark, no I/O)."""
+"""Typing on the executors, the SDK's lake contract, and typed table names (pure: no Spark,
+no I/O)."""
 
 from __future__ import annotations
 
 import json
 import uuid
 from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
-import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox.core.lake_contract import payload_problems
+from outbox.core.payload import encode_json
 from outbox_lake.names import typed_table_name
 from outbox_lake.spark_sink import decide_columns
-from outbox_lake.typed_rows import payload_columns, plan_typed_rows, type_batch
+from outbox_lake.typed_rows import payload_columns, type_batch, typed_batch_schema
 
 
 def event(payload_text: str, **extra: Any) -> dict[str, Any]:
@@ -31,8 +33,26 @@ def event(payload_text: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def reasons(plan: Any) -> list[str]:
-    return [reason for _, reason in plan.rejected]
+def typed(rows: list[dict[str, Any]], existing: dict[str, str]) -> list[dict[str, Any]]:
+    """What the job does with a batch: columns decided on the driver from each record's own
+    fields (in offset order), then every row typed against them on the executors."""
+    met = [
+        (("t", 0, offset), name, kind)
+        for offset, row in enumerate(rows)
+        for name, kind in payload_columns(row["payload"]) or ()
+    ]
+    columns = decide_columns(existing, met)
+    batch = type_batch(rows, columns, "aggregate_order")
+    assert batch.schema == typed_batch_schema(columns)
+    return batch.to_pylist()
+
+
+def kept(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [row for row in rows if row["_reason"] is None]
+
+
+def reasons(rows: list[dict[str, Any]]) -> list[str]:
+    return [row["_reason"] for row in rows if row["_reason"] is not None]
 
 
 def test_each_untypable_row_is_set_aside_with_a_reason_naming_the_field() -> None:
@@ -43,30 +63,30 @@ def test_each_untypable_row_is_set_aside_with_a_reason_naming_the_field() -> Non
         event('{"Total": 1, "total": 2}'),
         event('{"EVENT_ID": "x"}'),
         event('{"a b": 1}'),
-        event('{"nested": {"x": 1e400}}'),
+        event('{"nested": {"x": "\\u0000"}, "n": 1.5e-20, "m": [1e400]}'),
         event("[1, 2]"),
         event('{"deep": ' + "[" * 100_000 + "]" * 100_000 + "}"),
     ]
-    plan = plan_typed_rows(rows, {}, "aggregate_order")
-    assert [row["event_id"] for row in plan.rows] == [rows[0]["event_id"]]
-    found = reasons(plan)
-    assert len(found) == len(rows) - 1
+    out = typed(rows, {})
+    assert [row["event_id"] for row in kept(out)] == [rows[0]["event_id"], rows[6]["event_id"]]
+    assert (kept(out)[1]["nested"], kept(out)[1]["n"]) == ('{"x":"\\u0000"}', 1.5e-20)
+    assert kept(out)[1]["m"] == "[1" + "0" * 400 + ".0]"  # exact, as no double holds it
+    found = reasons(out)
+    assert len(found) == len(rows) - 2
     for expected in (
         "'big'",
         "'huge' is too large for a double",
         "'Total' and 'total' differ only in case",
         "clashes with the lake column 'event_id'",
         "'a b' has characters",
-        "'nested' cannot be kept as JSON text",
         "not a JSON object",
         "nested too deeply",
     ):
         assert any(expected in reason for reason in found), (expected, found)
-    assert plan.table().num_rows == 1
 
 
 def test_types_are_kept_across_batches_ints_widen_and_case_twins_are_refused() -> None:
-    existing = {"Total": pa.float64(), "count": pa.int64()}
+    existing = {"Total": "double", "count": "long"}
     rows = [
         event('{"Total": 3, "count": 2}'),
         event('{"count": 2.5}'),
@@ -74,15 +94,14 @@ def test_types_are_kept_across_batches_ints_widen_and_case_twins_are_refused() -
         event('{"new": "x"}'),
         event('{"new": 1}'),
     ]
-    plan = plan_typed_rows(rows, existing, "aggregate_order")
-    assert [row.get("Total") for row in plan.rows] == [3.0, None]
-    assert isinstance(plan.rows[0]["Total"], float)
-    found = reasons(plan)
-    assert "'count' is double here but int64" in found[0]
+    out = typed(rows, existing)
+    assert out[0]["Total"] == 3.0 and isinstance(out[0]["Total"], float)
+    assert out[3]["new"] == "x"
+    found = reasons(out)
+    assert "'count' is decimal(38,18) here but int64" in found[0]
     assert "differs only in case from the column 'Total'" in found[1]
     assert "'new' is int64 here but string" in found[2]
-    assert plan.schema.field("new").type == pa.string()
-    assert plan.schema.names[:7] == [
+    assert list(out[0])[:7] == [
         "event_id",
         "aggregate_type",
         "aggregate_id",
@@ -91,6 +110,48 @@ def test_types_are_kept_across_batches_ints_widen_and_case_twins_are_refused() -
         "event_time",
         "event_date",
     ]
+
+
+def test_decimals_the_sdk_writes_land_exact_in_a_decimal_column_that_sums() -> None:
+    totals = [Decimal("9.90"), Decimal("0.10"), Decimal("12"), Decimal("0.01")] * 25
+    rows = [event(encode_json({"total": total, "qty": 2})) for total in totals]
+    out = typed(rows, {})
+    assert reasons(out) == []
+    assert payload_columns(rows[0]["payload"]) == [("total", "decimal"), ("qty", "long")]
+    assert sum(row["total"] for row in out) == sum(totals) == Decimal("550.25")
+    assert float(sum(float(t) for t in totals)) != 550.0  # what a double column would give
+
+
+def test_what_a_number_of_another_kind_becomes_in_an_existing_column() -> None:
+    existing = {"amount": "decimal", "ratio": "double", "note": "string", "count": "long"}
+    rows = [
+        event('{"amount": 7}'),  # integer into decimal: widened
+        event('{"amount": 0.1234567890123456789012}'),  # beyond 18 places: rounded
+        event('{"amount": 1e25}'),  # 10^20 or more: set aside
+        event('{"ratio": 12.30}'),  # into a double column: the nearest double
+        event('{"note": 12.30}'),  # into a string column from before: its exact text
+        event('{"count": 2.5}'),  # never narrowed into bigint
+        event('{"amount": "12.30"}'),  # a string is not a number
+    ]
+    out = typed(rows, existing)
+    assert out[0]["amount"] == Decimal(7)
+    assert out[1]["amount"] == Decimal("0.123456789012345679")
+    assert "'amount' = 1E+25 does not fit the column's decimal(38,18)" in str(out[2]["_reason"])
+    assert out[3]["ratio"] == 12.3
+    assert out[4]["note"] == "12.30"
+    assert "'count' is decimal(38,18) here but int64" in str(out[5]["_reason"])
+    assert "'amount' is string here but decimal(38,18)" in str(out[6]["_reason"])
+
+
+def test_a_fraction_that_no_decimal_column_holds_exactly_brings_a_double_column() -> None:
+    assert payload_columns('{"tiny": 5e-324, "big": 1e300, "fine": 1e-18}') == [
+        ("tiny", "double"),
+        ("big", "double"),
+        ("fine", "decimal"),
+    ]
+    out = typed([event('{"tiny": 5e-324, "big": 1e300, "nested": {"x": 1.50, "y": [2.0]}}')], {})
+    assert (out[0]["tiny"], out[0]["big"]) == (5e-324, 1e300)
+    assert out[0]["nested"] == '{"x":1.50,"y":[2.0]}'  # nested numbers keep their digits
 
 
 json_values = st.recursive(
@@ -109,22 +170,19 @@ payloads = st.dictionaries(st.text(max_size=8), json_values, max_size=6)
 @given(st.lists(payloads | json_values, max_size=8))
 def test_every_row_is_typed_or_set_aside_never_both_and_never_raises(payloads: list[Any]) -> None:
     rows = [event(json.dumps(payload)) for payload in payloads]
-    plan = plan_typed_rows(rows, {}, "aggregate_order")
-    typed = [row["event_id"] for row in plan.rows]
-    rejected = [row["event_id"] for row, _ in plan.rejected]
-    assert sorted(typed + rejected) == sorted(row["event_id"] for row in rows)
-    assert plan.table().num_rows == len(typed)
+    out = typed(rows, {})
+    assert [row["event_id"] for row in out] == [row["event_id"] for row in rows]
 
 
 @settings(max_examples=300, deadline=None)
 @given(json_values | payloads)
 def test_a_payload_the_sdk_accepts_is_typed_by_the_lake(payload: Any) -> None:
     """The schema contract: what the SDK's check passes, a fresh typed table takes."""
-    plan = plan_typed_rows([event(json.dumps(payload))], {}, "aggregate_order")
+    out = typed([event(json.dumps(payload))], {})
     if not payload_problems(payload):
-        assert len(plan.rows) == 1, reasons(plan)
+        assert kept(out), reasons(out)
     else:
-        assert len(plan.rejected) == 1
+        assert reasons(out)
 
 
 def test_typed_table_names_never_collide() -> None:
@@ -162,7 +220,7 @@ def test_a_batch_columns_are_those_of_the_record_that_first_brought_each_field()
 def test_each_payload_names_the_columns_it_would_bring() -> None:
     assert payload_columns('{"a": 1, "b": 1.5, "c": "x", "d": true, "e": [1], "f": null}') == [
         ("a", "long"),
-        ("b", "double"),
+        ("b", "decimal"),
         ("c", "string"),
         ("d", "boolean"),
         ("e", "string"),
