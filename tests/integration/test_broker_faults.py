@@ -26,10 +26,10 @@ from outbox.core.contract import event_id_of, topic_for
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox_stack.process import ServiceProcess
 from tests.fix_cdc import CdcPath, cdc_path_for
+from tests.fix_lake import ingested, lake_env, rows
 from tests.fix_postgres import ScratchDatabase
 from tests.fix_relay import RelayBench, wait_until
 from tests.fix_stack import KafkaServices
-from tests.integration.test_lake_integrity import env_for, ingested, rows
 from tests.integration.test_relay_faults import check_delivery, sample
 from tests.kafka_read import read_until
 from tests.writers import Writer
@@ -201,7 +201,7 @@ def test_no_loss_no_lake_duplicate_when_broker_and_connect_are_both_killed(
         warm.run()  # in this thread: the first events, for the lake's first run
         wait_until(lambda: bench.undelivered() == 0, timeout=60, what="CDC confirmed")
         check_delivery(bench, warm)
-        env = env_for(lake, prefix, kafka.bootstrap_servers)
+        env = lake_env(lake, prefix, kafka.bootstrap_servers)
         ingested(env)
         assert len(rows(lake, "events")) >= 50
 

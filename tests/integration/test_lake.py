@@ -7,8 +7,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -22,30 +20,12 @@ from kafka import KafkaProducer
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
 from tests.cli import run_outbox
+from tests.fix_lake import batches_landed, continuous_ingest, ingested, lake_env, rows
 from tests.fix_postgres import ROOT
 from tests.fix_relay import RelayBench, wait_until
 from tests.kafka_read import read_until
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def lake_env(root: Path, prefix: str, bench: RelayBench, **extra: str) -> dict[str, str]:
-    return {
-        "OUTBOX_LAKE_ROOT": str(root),
-        "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{prefix}.*",
-        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bench.kafka.bootstrap_servers,
-        "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
-        **extra,
-    }
-
-
-def ingest_available_now(env: dict[str, str]) -> None:
-    done = run_outbox("lake", "ingest", "--available-now", env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-def rows(root: Path, table: str) -> list[dict[str, Any]]:
-    return DeltaTable(str(root / table)).to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
 
 
 def publish(bench: RelayBench, events: list[Event]) -> None:
@@ -79,8 +59,8 @@ def test_events_land_exactly_once_with_typed_tables_and_quarantine(
     producer.send(topic_for(order), key=b"9", value=b"{not json", headers=[("eventType", b"X")])
     producer.flush()
     root = tmp_path / "lake"
-    env = lake_env(root, prefix, relay_bench)
-    ingest_available_now(env)
+    env = lake_env(root, prefix, relay_bench.kafka.bootstrap_servers)
+    ingested(env)
 
     events = rows(root, "events")
     assert sorted(row["event_id"] for row in events) == sorted(str(e.event_id) for e in committed)
@@ -110,7 +90,7 @@ def test_events_land_exactly_once_with_typed_tables_and_quarantine(
     ]
     publish(relay_bench, later)
     relay_all(relay_bench)
-    ingest_available_now(env)
+    ingested(env)
 
     events = rows(root, "events")
     expected = {str(e.event_id) for e in committed + later}
@@ -164,28 +144,13 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
             bad_offsets.add((metadata.partition, metadata.offset))
     malformed.close()
     root = tmp_path / "lake"
-    env = lake_env(root, prefix, relay_bench, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="2000")
-    log = (tmp_path / "ingest.log").open("wb")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # the driver and its JVM: killed together
+    env = lake_env(
+        root, prefix, relay_bench.kafka.bootstrap_servers, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="2000"
     )
-    try:
-        events_table = root / "events" / "_delta_log"
-        wait_until(
-            lambda: len(list(events_table.glob("*.json"))) >= 2 if events_table.exists() else False,
-            timeout=240,
-            what="the job commits a few batches",
-        )
+    with continuous_ingest(env, tmp_path / "ingest.log") as job:
+        wait_until(lambda: batches_landed(root) >= 2, timeout=240, what="a few batches")
         os.killpg(job.pid, signal.SIGKILL)  # the driver dies, mid-batch or between two
         job.wait(timeout=30)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-        log.close()
     landed = len(rows(root, "events"))
     assert 0 < landed < len(backlog), "killed too late (or too early) to prove anything"
     quarantine_table = root / "quarantine" / "_delta_log"
@@ -193,14 +158,7 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
     assert before < len(bad_offsets), "the restart must have malformed records left to set aside"
 
     # Restarted, continuous: it resumes, and finds a topic created after it started.
-    job = subprocess.Popen(
-        [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        stdout=(tmp_path / "ingest2.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
+    with continuous_ingest(env, tmp_path / "ingest2.log"):
         wait_until(
             lambda: len(rows(root, "events")) >= len(backlog), timeout=300, what="backlog done"
         )
@@ -212,9 +170,6 @@ def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_fo
             timeout=120,
             what="the new topic's events land",
         )
-    finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait(timeout=30)
     events = rows(root, "events")
     ids = [row["event_id"] for row in events]
     assert len(ids) == len(set(ids)) == len(backlog) + 10
@@ -272,7 +227,7 @@ def test_every_sql_example_of_the_analysts_guide_runs_on_a_lake_the_job_filled(
         "OUTBOX_LAKE_TOPIC_PATTERN": r"^outbox\.event\.order$",
         "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": kafka_services.bootstrap_servers,
     }
-    ingest_available_now(env)
+    ingested(env)
     settings = LakeSettings(root=str(root))
     for sql in examples:
         columns, answer = run_sql(settings, sql)

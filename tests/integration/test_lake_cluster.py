@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +15,9 @@ import pytest
 
 from outbox_lake.names import typed_table_name
 from outbox_stack.spark_cluster import SparkCluster
-from tests.fix_postgres import ROOT
+from tests.fix_lake import batches_landed, continuous_ingest, contract_record, lake_env, rows, send
 from tests.fix_relay import wait_until
 from tests.fix_stack import KafkaServices
-from tests.integration.test_lake_integrity import contract_record, env_for, rows, send
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -70,7 +67,7 @@ def test_the_executors_write_and_a_worker_killed_mid_batch_loses_nothing(
     (conf / "spark-defaults.conf").write_text(
         f"spark.eventLog.enabled true\nspark.eventLog.dir {events_log}\n"
     )
-    env = env_for(
+    env = lake_env(
         root,
         prefix,
         bootstrap,
@@ -79,21 +76,8 @@ def test_the_executors_write_and_a_worker_killed_mid_batch_loses_nothing(
         SPARK_CONF_DIR=str(conf),
     )
     log = tmp_path / "ingest.log"
-    with log.open("wb") as out:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        delta_log = root / "events" / "_delta_log"
-        wait_until(
-            lambda: delta_log.exists() and len(list(delta_log.glob("*.json"))) >= 2,
-            timeout=400,
-            what="a first batch landed",
-        )
+    with continuous_ingest(env, log) as job:
+        wait_until(lambda: batches_landed(root) >= 2, timeout=400, what="a first batch landed")
         victim, *_ = spark_cluster.worker_pids()
         os.kill(victim, signal.SIGKILL)  # mid-batch: the next batches start at once
         wait_until(
@@ -103,10 +87,6 @@ def test_the_executors_write_and_a_worker_killed_mid_batch_loses_nothing(
         )
         os.kill(job.pid, signal.SIGTERM)
         assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(30)
 
     expected = {str(uuid.UUID(dict(r.headers)["id"].decode())) for r in records}
     for table in ("events", typed_table_name(aggregate_type)):

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -18,16 +16,17 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from tests.fix_postgres import ROOT
-from tests.fix_relay import wait_until
-from tests.fix_stack import KafkaServices
-from tests.integration.test_lake_integrity import (
+from tests.fix_lake import (
+    batches_landed,
+    continuous_ingest,
     contract_record,
-    env_for,
     ingested,
+    lake_env,
     rows,
     send,
 )
+from tests.fix_relay import wait_until
+from tests.fix_stack import KafkaServices
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -55,7 +54,7 @@ def test_a_header_name_that_is_not_utf8_stops_nothing(
     send(bootstrap, [(odd.topic, odd.key, odd.value, [*odd.headers, (RawName("x"), b"1")])])
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in after])
     root = tmp_path / "lake"
-    ingested(env_for(root, prefix, bootstrap))
+    ingested(lake_env(root, prefix, bootstrap))
     landed = {row["event_id"] for row in rows(root, "events")}
     expected = {str(uuid.UUID(dict(r.headers)["id"].decode())) for r in [*before, *after]}
     assert expected <= landed
@@ -103,7 +102,7 @@ def test_transactions_commits_and_aborts_neither_halt_nor_skip(
     finally:
         producer.close()
     root = tmp_path / "lake"
-    env = env_for(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="5")
+    env = lake_env(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="5")
     ingested(env)
     ids = [row["event_id"] for row in rows(root, "events")]
     expected = {str(uuid.UUID(dict(r.headers)["id"].decode())) for r in committed}
@@ -119,7 +118,7 @@ def test_a_broker_that_does_not_answer_for_30_s_under_load_is_waited_for(
     aggregate_type = f"{prefix}order"
     bootstrap = durable_services.bootstrap_servers
     root = tmp_path / "lake"
-    env = env_for(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="500")
+    env = lake_env(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="500")
     sent: list[Any] = []
     stop = threading.Event()
 
@@ -153,44 +152,30 @@ def test_a_broker_that_does_not_answer_for_30_s_under_load_is_waited_for(
         ],
     )
     log = tmp_path / "ingest.log"
-    with log.open("wb") as out:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     writer = threading.Thread(target=write)
     try:
-        wait_until(
-            lambda: (root / "events" / "_delta_log").exists(),
-            timeout=400,
-            what="the job's first batch",
-        )
-        writer.start()
-        wait_until(lambda: len(sent) > 500, timeout=60, what="load")
-        durable_services.broker.process.signal(signal.SIGSTOP)
-        try:
-            time.sleep(30)  # the fault itself: 30 s without an answer
+        with continuous_ingest(env, log) as job:
+            wait_until(lambda: batches_landed(root) >= 1, timeout=400, what="the job's first batch")
+            writer.start()
+            wait_until(lambda: len(sent) > 500, timeout=60, what="load")
+            durable_services.broker.process.signal(signal.SIGSTOP)
+            try:
+                time.sleep(30)  # the fault itself: 30 s without an answer
+                assert job.poll() is None, log.read_text()[-3000:]
+            finally:
+                durable_services.broker.process.signal(signal.SIGCONT)
+            writer.join(timeout=300)
+            assert not writer.is_alive()
+            wait_until(
+                lambda: len(rows(root, "events")) >= len(sent) + 1,
+                timeout=400,
+                what="every event after the pause",
+            )
             assert job.poll() is None, log.read_text()[-3000:]
-        finally:
-            durable_services.broker.process.signal(signal.SIGCONT)
-        writer.join(timeout=300)
-        assert not writer.is_alive()
-        wait_until(
-            lambda: len(rows(root, "events")) >= len(sent) + 1,
-            timeout=400,
-            what="every event after the pause",
-        )
-        assert job.poll() is None, log.read_text()[-3000:]
-        os.kill(job.pid, signal.SIGTERM)
-        assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
+            os.kill(job.pid, signal.SIGTERM)
+            assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
     finally:
-        stop.set()
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(30)
+        stop.set()  # the writer stops whatever happened
     ids = [row["event_id"] for row in rows(root, "events")]
     assert len(ids) == len(set(ids)) == len(sent) + 1
     assert "data loss" not in log.read_text().lower()

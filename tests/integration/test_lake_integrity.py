@@ -7,15 +7,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import urllib.request
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -23,42 +20,26 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from outbox import Event, Outbox, new_event_id
-from outbox.core.contract import record_for, topic_for
+from outbox import Event, Outbox
+from outbox.core.contract import topic_for
 from outbox_lake.names import typed_table_name
-from tests.cli import run_outbox
-from tests.fix_postgres import ROOT, free_port
+from tests.fix_lake import (
+    batches_landed,
+    continuous_ingest,
+    contract_record,
+    ingest,
+    ingested,
+    lake_env,
+    rows,
+    send,
+)
+from tests.fix_postgres import free_port
 from tests.fix_relay import RelayBench, wait_until
 from tests.fix_stack import KafkaServices
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def env_for(root: Path, prefix: str, bootstrap: str, **extra: str) -> dict[str, str]:
-    return {
-        "OUTBOX_LAKE_ROOT": str(root),
-        "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{prefix}.*",
-        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
-        **extra,
-    }
-
-
-def ingest(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return run_outbox("lake", "ingest", "--available-now", env=env, timeout=400)
-
-
-def ingested(env: dict[str, str]) -> None:
-    done = ingest(env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "Traceback" not in done.stderr, done.stderr[-4000:]
-
-
-def rows(root: Path, table: str) -> list[dict[str, Any]]:
-    return DeltaTable(str(root / table)).to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -68,32 +49,6 @@ class Sent:
     offset: int
     event_id: str | None
     """Set for a record that follows the contract: it must land in events."""
-
-
-def send(bootstrap: str, records: list[tuple[str, bytes | None, bytes | None, list[Any]]]) -> list:
-    producer = KafkaProducer(bootstrap_servers=bootstrap, max_request_size=8_000_000)
-    try:
-        futures = [
-            producer.send(topic, key=key, value=value, headers=headers)
-            for topic, key, value, headers in records
-        ]
-        producer.flush()
-        return [future.get(timeout=30) for future in futures]
-    finally:
-        producer.close()
-
-
-def contract_record(aggregate_type: str, payload_text: str, **parts: Any) -> Any:
-    return record_for(
-        event_id=parts.get("event_id", new_event_id()),
-        aggregate_type=aggregate_type,
-        aggregate_id=parts.get("aggregate_id", "1"),
-        event_type=parts.get("event_type", "Happened"),
-        payload_text=payload_text,
-        headers_text="{}",
-        traceparent="",
-        position=parts.get("position", 1),
-    )
 
 
 # -- no record stops the stream -------------------------------------------------------------
@@ -220,7 +175,7 @@ def test_no_record_however_malformed_stops_the_lake(
         sent.append(Sent(meta.topic, meta.partition, meta.offset, event_id))
 
     root = tmp_path / "lake"
-    env = env_for(root, prefix, kafka_services.bootstrap_servers)
+    env = lake_env(root, prefix, kafka_services.bootstrap_servers)
     ingested(env)
 
     events = rows(root, "events")
@@ -275,7 +230,7 @@ def test_the_hard_cases_each_land_in_events_with_their_typed_row_set_aside(
     )
     root = tmp_path / "lake"
     ingested(
-        env_for(
+        lake_env(
             root,
             prefix,
             kafka_services.bootstrap_servers,
@@ -313,7 +268,7 @@ def test_a_deleted_checkpoint_re_reads_and_lands_new_events_exactly_once(
     bootstrap = kafka_services.bootstrap_servers
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in first])
     root = tmp_path / "lake"
-    env = env_for(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="10")
+    env = lake_env(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="10")
     ingested(env)
     assert len(rows(root, "events")) == 40
     assert len(list((root / "events" / "_delta_log").glob("*.json"))) >= 4  # several batches
@@ -360,7 +315,7 @@ def test_typed_tables_of_types_with_alike_names_never_share_or_drop_rows(
     )
     records += [contract_record(intruder, json.dumps({"n": 1}))]
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
-    ingested(env_for(root, prefix, bootstrap))
+    ingested(lake_env(root, prefix, bootstrap))
 
     names = {typed_table_name(t) for t in types}
     assert len(names) == len(types)
@@ -402,7 +357,7 @@ def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
         old = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(10)]
         send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in old])
         root = tmp_path / "lake"
-        env = env_for(root, prefix, bootstrap)
+        env = lake_env(root, prefix, bootstrap)
         ingested(env)
         if not checkpoint_has_ids:
             forget_topic_ids(root)
@@ -498,7 +453,7 @@ def test_events_are_in_commit_order_by_position_though_event_time_differs(
     with relay_bench.in_thread():
         wait_until(lambda: relay_bench.undelivered() == 0, timeout=120, what="relayed")
     root = tmp_path / "lake"
-    ingested(env_for(root, prefix, relay_bench.kafka.bootstrap_servers))
+    ingested(lake_env(root, prefix, relay_bench.kafka.bootstrap_servers))
 
     events = rows(root, "events")
     typed = rows(root, typed_table_name(aggregate_type))
@@ -537,7 +492,7 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
     root = tmp_path / "lake"
     port = free_port()
-    env = env_for(
+    env = lake_env(
         root,
         prefix,
         bootstrap,
@@ -545,21 +500,8 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
         OUTBOX_LAKE_METRICS_PORT=str(port),
     )
     log = tmp_path / "ingest.log"
-    with log.open("wb") as out:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        events_log = root / "events" / "_delta_log"
-        wait_until(
-            lambda: events_log.exists() and len(list(events_log.glob("*.json"))) >= 2,
-            timeout=240,
-            what="a few batches landed",
-        )
+    with continuous_ingest(env, log) as job:
+        wait_until(lambda: batches_landed(root) >= 2, timeout=240, what="a few batches landed")
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         found = dict(
             line.rsplit(" ", 1)
@@ -574,10 +516,6 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
         else:
             os.kill(job.pid, signal.SIGTERM)
         assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(30)
     assert "stopped on SIGTERM" in log.read_text()
     landed = len(rows(root, "events"))
     assert 0 < landed < 6000, "stopped too late to prove anything"
@@ -641,7 +579,7 @@ def test_a_lake_of_the_earlier_release_continues_where_its_tables_stand(
     offsets.mkdir(parents=True)
     (offsets / "0").write_text("v1\n{}\n" + json.dumps({topic: {"0": 10}}) + "\n")
 
-    ingested(env_for(root, prefix, bootstrap))
+    ingested(lake_env(root, prefix, bootstrap))
     landed = [row["event_id"] for row in rows(root, "events")]
     assert len(landed) == len(set(landed)) == 15
     assert set(landed) == set(ids[:5]) | set(ids[10:])

@@ -10,8 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -28,6 +26,8 @@ from outbox import Event, Outbox
 from outbox.core.contract import topic_for
 from outbox_stack.object_store import BUCKET
 from tests.cli import run_outbox
+from tests.fix_lake import continuous_ingest, lake_env
+from tests.fix_lake import ingested as lake_ingested
 from tests.fix_object_store import ObjectStore
 from tests.fix_postgres import ROOT
 from tests.fix_relay import RelayBench, wait_until
@@ -39,18 +39,14 @@ pytestmark = pytest.mark.timeout(900)
 def s3_env(store: ObjectStore, root: str, prefix: str, bench: RelayBench, **extra: str) -> dict:
     return {
         **store.env,
-        "OUTBOX_LAKE_ROOT": root,
-        "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{prefix}.*",
-        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bench.kafka.bootstrap_servers,
-        "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
+        **lake_env(root, prefix, bench.kafka.bootstrap_servers),
         "OUTBOX_DATABASE_URL": bench.database.url,
         **extra,
     }
 
 
 def ingested(env: dict[str, str]) -> None:
-    done = run_outbox("lake", "ingest", "--available-now", env=env, timeout=400)
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = lake_ingested(env)
     assert env["AWS_SECRET_ACCESS_KEY"] not in done.stdout + done.stderr
 
 
@@ -155,15 +151,7 @@ def test_a_job_killed_mid_batch_on_s3_loses_and_duplicates_nothing(
         )
 
     log = tmp_path / "ingest.log"
-    with log.open("wb") as out:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # the driver and its JVM: killed together
-        )
-    try:
+    with continuous_ingest(env, log) as job:
         # Version 0 creates the table; each batch then merges once.
         wait_until(lambda: batches_landed() >= 2, timeout=400, what="two batches on S3")
         lines = command_lines(job.pid)
@@ -171,10 +159,6 @@ def test_a_job_killed_mid_batch_on_s3_loses_and_duplicates_nothing(
         assert not any(env["AWS_SECRET_ACCESS_KEY"] in line for line in lines)
         os.killpg(job.pid, signal.SIGKILL)  # mid-batch: the next one is under way
         job.wait(timeout=30)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
     assert env["AWS_SECRET_ACCESS_KEY"] not in log.read_text(errors="replace")
     landed = len(object_store.rows(root, "events"))
     assert 0 < landed < len(backlog), f"killed too late to prove anything ({landed} landed)"

@@ -1,0 +1,109 @@
+"""The lake job as the tests run it: its settings, a run over what Kafka holds now, the
+continuous job in a process group of its own, the tables' rows, and contract records sent
+straight to the broker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+from kafka import KafkaProducer
+
+from outbox import new_event_id
+from outbox.core.contract import ContractRecord, record_for
+from tests.cli import run_outbox
+from tests.fix_postgres import ROOT
+
+
+def lake_env(root: Path | str, prefix: str, bootstrap: str, **extra: str) -> dict[str, str]:
+    """The job's settings: the lake at ``root``, the topics of aggregate types starting with
+    ``prefix``, a 1 s trigger; ``extra`` on top."""
+    return {
+        "OUTBOX_LAKE_ROOT": str(root),
+        "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{prefix}.*",
+        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
+        **extra,
+    }
+
+
+def ingest(env: dict[str, str], *, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    """``outbox lake ingest --available-now``: what Kafka holds now, then stop."""
+    return run_outbox("lake", "ingest", "--available-now", env=env, timeout=timeout)
+
+
+def ingested(env: dict[str, str], *, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    """:func:`ingest`, which must succeed without a traceback."""
+    done = ingest(env, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "Traceback" not in done.stderr, done.stderr[-4000:]
+    return done
+
+
+@contextlib.contextmanager
+def continuous_ingest(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``outbox lake ingest`` running, its output in ``log``, in a process group of its own
+    (the driver and Spark's JVM: a test's ``os.killpg`` kills both); killed on exit if the
+    test left it running."""
+    with log.open("wb") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest"],
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+
+
+def batches_landed(root: Path, table: str = "events") -> int:
+    """Commits in a local table's log (0 before it exists)."""
+    log = root / table / "_delta_log"
+    return len(list(log.glob("*.json"))) if log.exists() else 0
+
+
+def rows(root: Path, table: str) -> list[dict[str, Any]]:
+    return DeltaTable(str(root / table)).to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
+
+
+def send(
+    bootstrap: str, records: list[tuple[str, bytes | None, bytes | None, list[Any]]]
+) -> list[Any]:
+    """Produce ``(topic, key, value, headers)`` records; their metadata, once acknowledged."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, max_request_size=8_000_000)
+    try:
+        futures = [
+            producer.send(topic, key=key, value=value, headers=headers)
+            for topic, key, value, headers in records
+        ]
+        producer.flush()
+        return [future.get(timeout=30) for future in futures]
+    finally:
+        producer.close()
+
+
+def contract_record(aggregate_type: str, payload_text: str, **parts: Any) -> ContractRecord:
+    """A record as the outbox writes it (``parts``: event_id, aggregate_id, event_type,
+    position)."""
+    return record_for(
+        event_id=parts.get("event_id", new_event_id()),
+        aggregate_type=aggregate_type,
+        aggregate_id=parts.get("aggregate_id", "1"),
+        event_type=parts.get("event_type", "Happened"),
+        payload_text=payload_text,
+        headers_text="{}",
+        traceparent="",
+        position=parts.get("position", 1),
+    )
