@@ -33,6 +33,7 @@ def ingest(
     from outbox.core.errors import LakeStorageError
     from outbox_lake.job import run_ingest
     from outbox_lake.settings import LakeSettings
+    from outbox_lake.stop_reason import stop_reason
     from outbox_relay.logs import configure_json_logging
 
     # Every setting is checked before the jars are fetched: a typo fails in one line, at once.
@@ -48,7 +49,7 @@ def ingest(
         # Spark hands the source's errors back as Java exceptions whose text holds the
         # Python one; ops get its first line, and the full trace is in the log above
         # (and on stderr with --verbose).
-        reason = _python_error_in(str(error)) or f"{type(error).__name__}: {error}"
+        reason = stop_reason(str(error)) or f"{type(error).__name__}: {error}"
         raise fail(f"lake ingest stopped: {reason}", error, code=1) from None
 
 
@@ -86,24 +87,6 @@ def packages(
             typer.echo(str(jar))
         return
     typer.echo(",".join(spark_package_excludes() if excludes else spark_packages()))
-
-
-def _python_error_in(text: str) -> str | None:
-    """``DataLossError: ...`` (or another error of ours) from a Spark exception's text."""
-    for name in ("DataLossError", "DeliveryTimeoutError", "TimeoutError", "ConfigurationError"):
-        marker = f"{name}: "
-        if marker in text:
-            return name + ": " + text.split(marker, 1)[1].split("\n", 1)[0].strip()
-    if "Some data may have been lost" in text or "offset was changed" in text:
-        first = next(
-            (line for line in text.splitlines() if "lost" in line or "changed" in line), ""
-        )
-        return (
-            f"DataLossError: {first.strip()[:400]} (Spark's Kafka source). To go on without "
-            "those records, restart once with OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false; see "
-            "docs/operations.md, 'Data loss'"
-        )
-    return None
 
 
 @app.command()

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from outbox_lake.stop_reason import TOPIC_REPLACED
+
 __all__ = [
     "EARLIEST",
     "BrokerPartition",
@@ -143,7 +145,7 @@ def losses(
                 Loss(
                     where,
                     "replaced",
-                    f"the topic on the broker is not the one the lake has read (topic id "
+                    f"{TOPIC_REPLACED} (topic id "
                     f"{now.topic_id}, the lake read {known.topic_id}): it was deleted and "
                     "recreated, or the broker is another cluster",
                     None,

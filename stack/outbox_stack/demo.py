@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 import time
 import uuid
@@ -33,6 +32,7 @@ from outbox.core.errors import DeliveryTimeoutError, StackError
 from outbox.settings import KafkaSettings, OutboxSettings
 from outbox_lake.report import OrderReport, count_event, count_events_since, order_report
 from outbox_lake.settings import LakeSettings
+from outbox_lake.stop_reason import SPARK_DATA_LOSS, TOPIC_REPLACED, stop_reason
 from outbox_stack.local import LocalStack
 from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
@@ -301,38 +301,22 @@ class DemoPipeline:
             with self.ingest.log_file.open("rb") as log:
                 log.seek(self._log_offset)
                 log_text = log.read().decode(errors="replace")
-        refusals = DATA_LOSS_LINE.findall(log_text)
-        if not refusals and SPARK_DATA_LOSS in log_text:
-            # Spark's own check: the checkpoint's offsets are past the end of the topic now
-            # on the broker (a topic our start-up check could not compare yet: it did not
-            # exist when the job started).
-            refusals = [
-                f"{SPARK_DATA_LOSS} (Spark's Kafka source): {TOPIC_REPLACED}, or its records "
-                "were deleted: the lake's checkpoint has read past its end"
-            ]
-        if not refusals:
+        reason = stop_reason(log_text)
+        if reason is None or not reason.startswith("DataLossError"):
             return StackError(
                 f"the lake's ingest job stopped; see {self.ingest.log_file}:\n"
                 + "\n".join(self.ingest.tail(20))
             )
-        refusal = f"the lake's ingest job refused to go on: {refusals[-1]}"
-        if TOPIC_REPLACED in refusals[-1]:
+        refusal = f"the lake's ingest job refused to go on: {reason}"
+        if TOPIC_REPLACED in reason or SPARK_DATA_LOSS in reason:
             refusal = (
                 f"the lake in {self.lake_settings.root} was filled from another broker than "
                 "this stack's (the stack was destroyed, or its broker replaced, since): delete "
                 "that folder to start the demo's lake afresh, or keep its events and run the "
                 "demo once with OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false. The lake job said: "
-                f"{refusals[-1]}"
+                f"{reason}"
             )
         return StackError(f"{refusal} (its log: {self.ingest.log_file})")
-
-
-# The lake job's refusal in its log (a traceback's last line), and the words of the
-# refusal for a topic that is another log than the lake's (outbox_lake.offsets.losses).
-DATA_LOSS_LINE = re.compile(r"DataLossError: (.+)")
-TOPIC_REPLACED = "the topic on the broker is not the one the lake has read"
-# Spark's Kafka source's words when a checkpoint's offsets are gone from the broker.
-SPARK_DATA_LOSS = "Some data may have been lost"
 
 
 def run_lake_job() -> None:
