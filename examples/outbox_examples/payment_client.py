@@ -39,7 +39,9 @@ class ProviderClient:
         """POST the charge with the step's idempotency key; the provider's charge id."""
         request = urllib.request.Request(  # noqa: S310
             f"{self.url}/charges",
-            data=json.dumps(step.context).encode(),
+            # Amounts in the context are exact Decimals: sent as strings ("9.90"), as payment
+            # APIs take money, never as binary floats.
+            data=json.dumps(step.context, default=str).encode(),
             headers={"Idempotency-Key": str(step.idempotency_key)},
             method="POST",
         )
