@@ -31,7 +31,7 @@ kept as its exact text. Anything else (a string into a number column, a fraction
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -43,6 +43,7 @@ from outbox.core.lake_contract import (
     DECIMAL_SCALE,
     MAX_COLUMN_NAME,
     column_name_problem,
+    decimal_column_value,
     decimal_fits,
     scalar_problem,
 )
@@ -51,7 +52,6 @@ from outbox.core.payload import encode_parsed_json
 __all__ = ["TYPED_BASE", "kind_of", "payload_columns", "type_batch", "typed_batch_schema"]
 
 DECIMAL = pa.decimal128(DECIMAL_PRECISION, DECIMAL_SCALE)
-_QUANTUM = Decimal(1).scaleb(-DECIMAL_SCALE)
 
 # A payload's field names repeat from event to event: each is judged once (names too long
 # for a column are refused at once, and never kept in the cache).
@@ -96,8 +96,9 @@ def _into(name: str, cell: Any, kind: pa.DataType, known: pa.DataType, table_nam
     """``cell`` (of ``kind``) as the column of type ``known`` stores it, when it can."""
     if known == DECIMAL and (pa.types.is_integer(kind) or isinstance(cell, Decimal)):
         value = Decimal(cell)
-        if decimal_fits(value, exactly=False):
-            return value.quantize(_QUANTUM, rounding=ROUND_HALF_EVEN)
+        stored = decimal_column_value(value)
+        if stored is not None:
+            return stored
         raise _Refused(
             f"payload field {name!r} = {value} does not fit the column's decimal(38,18) "
             f"in {table_name} (10^20 or more): send it as a string"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_HALF_EVEN, Context, Decimal
 from typing import Any
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "MAX_COLUMN_NAME",
     "TYPED_BASE_COLUMNS",
     "column_name_problem",
+    "decimal_column_value",
     "decimal_fits",
     "payload_problems",
     "scalar_problem",
@@ -41,22 +42,25 @@ DECIMAL_SCALE = 18
 of unknown size): 20 digits before the point, 18 after."""
 _DECIMAL_LIMIT = Decimal(10) ** (DECIMAL_PRECISION - DECIMAL_SCALE)
 _QUANTUM = Decimal(1).scaleb(-DECIMAL_SCALE)
+# Room for every digit of a decimal(38, 18) (the default context keeps 28: quantizing 1e16
+# to 18 places would raise).
+_COLUMN_CONTEXT = Context(prec=DECIMAL_PRECISION + 2, rounding=ROUND_HALF_EVEN)
+
+
+def decimal_column_value(value: Decimal) -> Decimal | None:
+    """``value`` as a ``decimal(38, 18)`` column holds it (18 digits after the point, more
+    rounded half to even), or ``None`` when no such column can (10^20 or more, not finite)."""
+    if not value.is_finite() or abs(value) >= _DECIMAL_LIMIT:
+        return None
+    rounded = value.quantize(_QUANTUM, context=_COLUMN_CONTEXT)
+    return rounded if abs(rounded) < _DECIMAL_LIMIT else None
 
 
 def decimal_fits(value: Decimal, *, exactly: bool = True) -> bool:
     """Whether ``value`` fits a ``decimal(38, 18)`` column: below 10^20 in magnitude and, when
-    ``exactly``, with at most 18 digits after the point (else it is rounded to 18)."""
-    if not value.is_finite():
-        return False
-    exponent = value.as_tuple().exponent
-    if (
-        exactly
-        and isinstance(exponent, int)
-        and exponent < -DECIMAL_SCALE
-        and value != value.quantize(_QUANTUM, rounding=ROUND_HALF_EVEN)
-    ):
-        return False  # digits beyond the 18th after the point that are not zeros
-    return abs(value) < _DECIMAL_LIMIT
+    ``exactly``, with no digit but zeros beyond the 18th after the point."""
+    stored = decimal_column_value(value)
+    return stored is not None and (not exactly or stored == value)
 
 
 TYPED_BASE_COLUMNS = (

@@ -127,24 +127,30 @@ def _is_plain(item: object) -> bool:
     return kind in _PLAIN_SCALARS
 
 
-def _marked_decimal(value: object) -> str:
-    if isinstance(value, Decimal) and value.is_finite():
-        return _DECIMAL_MARK + _decimal_text(value, "a value")
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-# For JSON already parsed with parse_float=Decimal: its Decimals marked, as in the walk.
-_PARSED_ENCODER = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_marked_decimal
-)
-
-
 def encode_parsed_json(value: Any) -> str:
     """Compact JSON text of a value parsed from JSON with ``parse_float=Decimal``: its
     ``Decimal`` numbers written exactly. Raises ``ValueError`` or ``TypeError`` (a NaN, a
-    type JSON does not have), ``RecursionError`` (nesting too deep)."""
-    text = _PARSED_ENCODER.encode(value)
-    return _DECIMAL_TEXT.sub(r"\1", text) if "\\u0000" in text else text
+    type JSON does not have, a string that holds the number marker: text parsed from a
+    producer other than the SDK may hold NUL), ``RecursionError`` (nesting too deep)."""
+    marked = 0
+
+    def mark(item: object) -> str:
+        nonlocal marked
+        if isinstance(item, Decimal) and item.is_finite():
+            marked += 1
+            return _DECIMAL_MARK + _decimal_text(item, "a value")
+        raise TypeError(f"{type(item).__name__} is not JSON")
+
+    encoder = json.JSONEncoder(
+        ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=mark
+    )
+    text = encoder.encode(value)
+    if not marked:
+        return text
+    text, found = _DECIMAL_TEXT.subn(r"\1", text)
+    if found != marked:
+        raise ValueError("a string holds a NUL character followed by a number")
+    return text
 
 
 def to_json_value(value: object, path: str = "payload") -> JsonValue:
@@ -171,7 +177,7 @@ def _subclass_to_json(value: object, path: str) -> JsonValue:
         return to_json_value(value.value, path)
     if isinstance(value, str):
         _check_text(value, path)
-        return str(value)
+        return str.__str__(value)  # its text, whatever the subclass's __str__ says
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):

@@ -85,6 +85,21 @@ def test_decimals_are_exact_json_numbers_with_a_decimal_point(value: Decimal) ->
     assert amount.as_tuple().exponent == min(value.as_tuple().exponent, -1)  # same digits
 
 
+def test_no_string_becomes_a_number() -> None:
+    from outbox.core.payload import encode_parsed_json
+
+    class Sly(str):
+        def __str__(self) -> str:
+            return "\x0012.5"
+
+    assert encode_json({"a": Sly("x"), "b": Decimal("1")}) == '{"a":"x","b":1.0}'
+    # JSON from another producer may hold NUL: never taken for one of the SDK's numbers.
+    assert encode_parsed_json({"x": "\x001.5"}) == '{"x":"\\u00001.5"}'
+    with pytest.raises(ValueError, match="NUL character followed by a number"):
+        encode_parsed_json({"x": "\x001.5", "y": Decimal("2.5")})
+    assert encode_parsed_json([Decimal("2.50"), {"z": Decimal("-1E+2")}]) == '[2.50,{"z":-100.0}]'
+
+
 def test_a_decimal_too_long_to_write_out_is_refused_naming_the_field() -> None:
     with pytest.raises(PayloadTypeError, match=r"payload.big is Decimal\('1E\+5000'\)"):
         encode_json({"big": Decimal("1E+5000")})

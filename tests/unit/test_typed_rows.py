@@ -144,11 +144,20 @@ def test_what_a_number_of_another_kind_becomes_in_an_existing_column() -> None:
 
 
 def test_a_fraction_that_no_decimal_column_holds_exactly_brings_a_double_column() -> None:
-    assert payload_columns('{"tiny": 5e-324, "big": 1e300, "fine": 1e-18}') == [
+    assert payload_columns(
+        '{"tiny": 5e-324, "big": 1e300, "fine": 1e-18, "ms": 1.7e12, "e16": 1e16,'
+        ' "wide": 12345678901.5, "edge": 99999999999999999999.9999999999999999999}'
+    ) == [
         ("tiny", "double"),
         ("big", "double"),
         ("fine", "decimal"),
+        ("ms", "decimal"),
+        ("e16", "decimal"),
+        ("wide", "decimal"),
+        ("edge", "double"),  # rounded to 18 places it would be 10^20
     ]
+    out = typed([event('{"e16": 1e16, "n": 12345678901}')], {"e16": "decimal", "n": "decimal"})
+    assert (out[0]["e16"], out[0]["n"]) == (Decimal(10) ** 16, Decimal(12345678901))
     out = typed([event('{"tiny": 5e-324, "big": 1e300, "nested": {"x": 1.50, "y": [2.0]}}')], {})
     assert (out[0]["tiny"], out[0]["big"]) == (5e-324, 1e300)
     assert out[0]["nested"] == '{"x":1.50,"y":[2.0]}'  # nested numbers keep their digits
