@@ -35,7 +35,9 @@ def spark_cluster(tmp_path: Path) -> Iterator[SparkCluster]:
 def event_log_writes(folder: Path) -> dict[str, int]:
     """Records written per executor id, from the application's Spark event log."""
     written: dict[str, int] = {}
-    for log in folder.iterdir():
+    logs = [path for path in folder.iterdir() if path.is_file()]
+    assert logs, f"no event log in {folder}: {list(folder.iterdir())}"
+    for log in logs:
         for line in log.read_text().splitlines():
             event = json.loads(line)
             if event.get("Event") != "SparkListenerTaskEnd":
@@ -65,7 +67,9 @@ def test_the_executors_write_and_a_worker_killed_mid_batch_loses_nothing(
     conf.mkdir()
     events_log.mkdir()
     (conf / "spark-defaults.conf").write_text(
+        # One plain file (Spark 4 rolls and compresses event logs by default).
         f"spark.eventLog.enabled true\nspark.eventLog.dir {events_log}\n"
+        "spark.eventLog.rolling.enabled false\nspark.eventLog.compress false\n"
     )
     env = lake_env(
         root,
