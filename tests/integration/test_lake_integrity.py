@@ -224,6 +224,14 @@ def test_the_hard_cases_each_land_in_events_with_their_typed_row_set_aside(
     aggregate_type = f"{prefix}order"
     records = [contract_record(aggregate_type, text) for text in [*HARD_PAYLOADS, DEEP]]
     big = contract_record(aggregate_type, '{"blob": "' + "z" * 1_500_000 + '"}')
+    # Larger than Kafka's default record limit (1 MB): a topic that allows it, as ops set one.
+    admin = KafkaAdminClient(bootstrap_servers=kafka_services.bootstrap_servers)
+    try:
+        admin.create_topics(
+            [NewTopic(big.topic, 1, 1, topic_configs={"max.message.bytes": "4000000"})]
+        )
+    finally:
+        admin.close()
     send(
         kafka_services.bootstrap_servers,
         [(r.topic, r.key, r.value, list(r.headers)) for r in [*records, big]],
