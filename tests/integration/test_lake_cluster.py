@@ -56,7 +56,7 @@ def test_the_executors_write_and_a_worker_killed_mid_batch_loses_nothing(
     aggregate_type = f"{prefix}order"
     records = [
         contract_record(aggregate_type, json.dumps({"n": n}), aggregate_id=str(n % 40))
-        for n in range(6000)
+        for n in range(3000)
     ]
     bootstrap = kafka_services.bootstrap_servers
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
