@@ -71,9 +71,7 @@ def encode_json(value: object, *, root: str = "payload", max_bytes: int | None =
     """Encode ``value`` to compact JSON text; refuse it if larger than ``max_bytes`` (UTF-8)."""
     text = _encode_plain(value)
     if text is None:  # not plain JSON types, or a value to refuse: the walk names the field
-        text = _ENCODER.encode(to_json_value(value, root))
-        if "\\u0000" in text:  # the walk's Decimals: exact numbers
-            text = _DECIMAL_TEXT.sub(r"\1", text)
+        text = _walked_text(value, root)
     if max_bytes is not None:
         # A str's UTF-8 size is at most 4 bytes per character: skip the encode when it fits anyway.
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
@@ -84,6 +82,15 @@ def encode_json(value: object, *, root: str = "payload", max_bytes: int | None =
                 size=size,
                 limit=max_bytes,
             )
+    return text
+
+
+def _walked_text(value: object, root: str) -> str:
+    """The walk's text: every value converted (or refused naming its field), then encoded,
+    its Decimals written as exact numbers."""
+    text = _ENCODER.encode(to_json_value(value, root))
+    if "\\u0000" in text:  # the walk's Decimals (no text with NUL passes the walk)
+        text = _DECIMAL_TEXT.sub(r"\1", text)
     return text
 
 

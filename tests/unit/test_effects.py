@@ -40,6 +40,7 @@ EVENT = "0195f3c2-0000-7000-8000-000000000001"
 
 
 SETTLE = timedelta(seconds=30)
+CONTEXT_TEXT = '{"amount": 5}'  # the stored context as the database gives it (context::text)
 STARTED_AT = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)  # the attempt's start, as the database says
 
 
@@ -104,7 +105,7 @@ def locked(
 ) -> list[tuple[Any, ...]]:
     """``lock_step``'s row: the attempt began ``age`` seconds before the database's now."""
     now = STARTED_AT + timedelta(seconds=age)
-    return [(state, attempt, reference, None, {"amount": 5}, STARTED_AT, now)]
+    return [(state, attempt, reference, None, CONTEXT_TEXT, STARTED_AT, now)]
 
 
 def test_a_new_step_is_committed_as_started_before_the_call_and_done_after() -> None:
@@ -119,7 +120,7 @@ def test_a_new_step_is_committed_as_started_before_the_call_and_done_after() -> 
 
 def read(state: str, attempt: int, reference: str | None = None) -> list[tuple[Any, ...]]:
     """``read_step``'s row."""
-    return [(state, attempt, reference, None, {"amount": 5})]
+    return [(state, attempt, reference, None, CONTEXT_TEXT)]
 
 
 def test_a_done_step_is_skipped() -> None:
@@ -245,7 +246,7 @@ def test_a_lookup_that_raises_parks_the_step_with_the_error() -> None:
 
 
 def test_a_parked_step_is_returned_as_it_is_without_a_lock() -> None:
-    parked = [("needs_decision", 1, None, "cut short", {"amount": 5})]
+    parked = [("needs_decision", 1, None, "cut short", CONTEXT_TEXT)]
     seen, outcome = run(operation(can_look_up=True), [parked])
     assert seen == ["begin", "read_step", "commit"]
     assert outcome.needs_decision and outcome.reason == "cut short"

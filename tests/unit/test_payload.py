@@ -212,10 +212,10 @@ any_values = st.recursive(
 
 
 def _walked(value: Any) -> str | type[Exception]:
-    from outbox.core.payload import _ENCODER, to_json_value
+    from outbox.core.payload import _walked_text
 
     try:
-        text = _ENCODER.encode(to_json_value(value, "payload"))
+        text = _walked_text(value, "payload")
         text.encode("utf-8")
     except (PayloadTypeError, UnicodeEncodeError) as error:
         return type(error)

@@ -80,11 +80,14 @@ def test_a_consumer_dead_letter_is_storable_whatever_the_reason_and_headers() ->
 
 
 EFFECTS = EffectStatements(OutboxTables())
-# lock_step's row: state, attempt, reference, reason, context, the attempt's start and the
-# database's now (an hour later: the attempt has settled, so a lookup's answer is acted on).
+# lock_step's row: state, attempt, reference, reason, context (its text), the attempt's start
+# and the database's now (an hour later: the attempt has settled, so a lookup's answer is
+# acted on).
 ATTEMPT_STARTED = datetime(2026, 1, 1, tzinfo=UTC)
-STARTED = [("started", 1, None, None, {}, ATTEMPT_STARTED, ATTEMPT_STARTED + timedelta(hours=1))]
-CUT_SHORT = [("started", 2, None, None, {}, ATTEMPT_STARTED, ATTEMPT_STARTED + timedelta(hours=1))]
+STARTED = [("started", 1, None, None, "{}", ATTEMPT_STARTED, ATTEMPT_STARTED + timedelta(hours=1))]
+CUT_SHORT = [
+    ("started", 2, None, None, "{}", ATTEMPT_STARTED, ATTEMPT_STARTED + timedelta(hours=1))
+]
 
 
 def step() -> Generator[Any, Any, Any]:
