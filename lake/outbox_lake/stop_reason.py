@@ -19,6 +19,7 @@ TOPIC_REPLACED = "the topic on the broker is not the one the lake has read"
 SPARK_DATA_LOSS = "Some data may have been lost"
 """Spark's Kafka source's words when a checkpoint's offsets are gone from the broker."""
 
+_SPARK_OFFSET_CHANGED = "offset was changed"
 _OURS = re.compile(r"\b(DataLossError|DeliveryTimeoutError|TimeoutError|ConfigurationError): (.+)")
 _DATA_LOSS_ADVICE = (
     "To go on without those records, restart once with OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false; "
@@ -33,13 +34,12 @@ def stop_reason(text: str) -> str | None:
     if ours:
         name, message = ours[-1]
         return f"{name}: {message.strip()}"
-    if SPARK_DATA_LOSS in text or "offset was changed" in text:
-        first = next(
-            (line for line in text.splitlines() if "lost" in line or "changed" in line), ""
-        )
-        return (
-            f"DataLossError: {first.strip()[:400]} (Spark's Kafka source): the topic was "
-            f"deleted and recreated, or its records deleted, and the lake's checkpoint has "
-            f"read past its end. {_DATA_LOSS_ADVICE}"
-        )
+    for words in (SPARK_DATA_LOSS, _SPARK_OFFSET_CHANGED):
+        said = next((line.strip() for line in text.splitlines() if words in line), None)
+        if said is not None:
+            return (
+                f"DataLossError: {SPARK_DATA_LOSS} (Spark's Kafka source said: {said[:400]}): "
+                "the topic was deleted and recreated, or its records deleted, and the lake's "
+                f"checkpoint has read past its end. {_DATA_LOSS_ADVICE}"
+            )
     return None

@@ -27,13 +27,17 @@ def test_the_last_refusal_of_a_log_is_the_reason() -> None:
 
 def test_spark_own_data_loss_words_become_a_data_loss_with_the_way_on() -> None:
     text = (
+        "25/11/26 WARN BlockManager: Block broadcast_3 lost, executor lost\n"  # not the one
         "org.apache.spark.SparkIllegalStateException: [KAFKA_DATA_LOSS.START_OFFSET_RESET] "
         f"{SPARK_DATA_LOSS}, because the data is no longer available in Kafka\n\tat ..."
     )
     reason = stop_reason(text)
     assert reason is not None and reason.startswith("DataLossError: ")
-    assert SPARK_DATA_LOSS in reason
+    assert SPARK_DATA_LOSS in reason and "KAFKA_DATA_LOSS.START_OFFSET_RESET" in reason
+    assert "Block broadcast_3" not in reason
     assert "OUTBOX_LAKE_FAIL_ON_DATA_LOSS=false" in reason
+    changed = stop_reason("java.lang.IllegalStateException: Partition t-0's offset was changed")
+    assert changed is not None and SPARK_DATA_LOSS in changed
 
 
 def test_text_without_a_reason_gives_none() -> None:
