@@ -120,7 +120,7 @@ class SparkCluster:
     def alive_workers(self) -> int:
         try:
             state = self.status()
-        except OSError:
+        except (OSError, ValueError):  # not answering yet, or not with its JSON yet
             return 0
         return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
 
