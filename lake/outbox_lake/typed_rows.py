@@ -182,7 +182,8 @@ def _type_row(
                 )
             new[name] = kind
             known = kind
-        if kind != known or isinstance(cell, Decimal):
+        # A Decimal that fits the decimal column exactly goes as it is (Arrow sets its scale).
+        if kind != known or (isinstance(cell, Decimal) and known != DECIMAL):
             cell = _into(name, cell, kind, known, table_name)
         cells[name] = cell
     return cells, new

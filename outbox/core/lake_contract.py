@@ -122,7 +122,9 @@ def scalar_problem(name: str, value: Any) -> str | None:
             )
         return None
     if isinstance(value, Decimal):
-        if not decimal_fits(value, exactly=False) and not math.isfinite(float(value)):
+        # A finite double takes any Decimal a decimal(38,18) column cannot: only one beyond
+        # a double's range fits neither.
+        if not math.isfinite(float(value)):
             return (
                 f"payload field {name!r} is too large for a double or a decimal(38,18) "
                 f"({value}): send it as a string; events.payload keeps the exact text"
