@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
+from outbox.core.lake_contract import DECIMAL_TYPE
 from outbox_lake.metrics import LakeMetrics
 from outbox_lake.names import typed_table_name
 from outbox_lake.offsets import Partition
@@ -64,7 +65,7 @@ _DELTA_KINDS = {
     "double": "double",
     "float": "double",
     "boolean": "boolean",
-    "decimal(38,18)": "decimal",
+    DECIMAL_TYPE: "decimal",
 }
 
 

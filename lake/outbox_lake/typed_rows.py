@@ -41,6 +41,7 @@ from outbox.core.contract import load_strict_json
 from outbox.core.lake_contract import (
     DECIMAL_PRECISION,
     DECIMAL_SCALE,
+    DECIMAL_TYPE,
     MAX_COLUMN_NAME,
     column_name_problem,
     decimal_column_value,
@@ -100,7 +101,7 @@ def _into(name: str, cell: Any, kind: pa.DataType, known: pa.DataType, table_nam
         if stored is not None:
             return stored
         raise _Refused(
-            f"payload field {name!r} = {value} does not fit the column's decimal(38,18) "
+            f"payload field {name!r} = {value} does not fit the column's {DECIMAL_TYPE} "
             f"in {table_name} (10^20 or more): send it as a string"
         )
     if pa.types.is_floating(known) and (pa.types.is_integer(kind) or isinstance(cell, Decimal)):
@@ -117,7 +118,7 @@ def _into(name: str, cell: Any, kind: pa.DataType, known: pa.DataType, table_nam
 
 
 def _kind_name(kind: pa.DataType) -> str:
-    return "decimal(38,18)" if kind == DECIMAL else str(kind)
+    return DECIMAL_TYPE if kind == DECIMAL else str(kind)
 
 
 def _cell(name: str, value: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 __all__ = [
     "DECIMAL_PRECISION",
     "DECIMAL_SCALE",
+    "DECIMAL_TYPE",
     "INT64_MAX",
     "INT64_MIN",
     "MAX_COLUMN_NAME",
@@ -40,6 +41,8 @@ DECIMAL_PRECISION = 38
 DECIMAL_SCALE = 18
 """A typed column of exact decimals is ``decimal(38, 18)`` (Spark's default for a decimal
 of unknown size): 20 digits before the point, 18 after."""
+DECIMAL_TYPE = f"decimal({DECIMAL_PRECISION},{DECIMAL_SCALE})"
+"""Its name, as Delta's log and Spark write it."""
 _DECIMAL_LIMIT = Decimal(10) ** (DECIMAL_PRECISION - DECIMAL_SCALE)
 _QUANTUM = Decimal(1).scaleb(-DECIMAL_SCALE)
 # Room for every digit of a decimal(38, 18) (the default context keeps 28: quantizing 1e16
@@ -126,7 +129,7 @@ def scalar_problem(name: str, value: Any) -> str | None:
         # a double's range fits neither.
         if not math.isfinite(float(value)):
             return (
-                f"payload field {name!r} is too large for a double or a decimal(38,18) "
+                f"payload field {name!r} is too large for a double or a {DECIMAL_TYPE} "
                 f"({value}): send it as a string; events.payload keeps the exact text"
             )
         return None
