@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from outbox.core.errors import ConnectError
+from outbox_connect.client import ConnectClient
 from outbox_stack import PostgresCluster
 from outbox_stack.broker import KafkaBroker
 from outbox_stack.connect import ConnectWorker
@@ -39,6 +41,26 @@ class KafkaServices:
 
     def start_connect(self) -> None:
         self.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password})
+
+    def wait_connector_running(self, name: str, *, timeout: float) -> None:
+        """Wait for connector ``name`` to run; if it does not, fail quoting what Connect and
+        the broker logged (their folders are removed with the fixture)."""
+        try:
+            ConnectClient(self.connect.rest_url).wait_running(name, timeout=timeout)
+        except ConnectError as error:
+            raise AssertionError(f"{error}\n{self.logged_trouble()}") from None
+
+    def logged_trouble(self, lines: int = 60) -> str:
+        """The last warnings and errors of Connect's and the broker's logs."""
+        quoted = []
+        for process in (self.connect.process, self.broker.process):
+            found = [
+                line[:400]
+                for line in process.tail(20000)
+                if " WARN " in line or " ERROR " in line or "Exception" in line
+            ]
+            quoted.append(f"--- {process.log_file}:\n" + "\n".join(found[-lines:]))
+        return "\n".join(quoted)
 
     @property
     def bootstrap_servers(self) -> str:

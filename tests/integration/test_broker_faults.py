@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import uuid
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,11 +73,26 @@ def start_writers(cdc: CdcPath) -> list[Writer]:
 
 def finish(cdc: CdcPath, writers: list[Writer], tmp_path: Path) -> list[list[Any]]:
     """Wait for the connector and the writers; check every writer's events on Kafka."""
-    cdc.client.wait_running(cdc.connector.name, timeout=180)
+    cdc.kafka.wait_connector_running(cdc.connector.name, timeout=180)
     for writer in writers:
         writer.join(timeout=200)
     bench = RelayBench(cdc.database, cdc.kafka, tmp_path)
     return [check_delivery(bench, writer) for writer in writers]
+
+
+def connector_back_after_crash(kafka: KafkaServices, name: str) -> None:
+    """Wait for the connector after both the broker and Connect crashed. Once in five whole
+    runs the restarted worker answered REST but had no status for the connector for three
+    minutes, and a DELETE timed out (its herder busy; the cause is not known yet): then
+    Connect is restarted once more (docs/troubleshooting.md, ``ConnectError``), and the
+    warnings both logged are reported."""
+    try:
+        kafka.wait_connector_running(name, timeout=150)
+    except AssertionError as stuck:
+        warnings.warn(f"Connect restarted a second time: {stuck}", stacklevel=2)
+        kafka.connect.down()
+        kafka.start_connect()
+        kafka.wait_connector_running(name, timeout=150)
 
 
 def duplicates(records: list[Any]) -> list[uuid.UUID]:
@@ -184,6 +200,7 @@ def read_uncommitted(bootstrap: str, topic: str, count: int, *, timeout: float) 
     return records
 
 
+@pytest.mark.timeout(660)
 def test_no_loss_no_lake_duplicate_when_broker_and_connect_are_both_killed(
     durable_cdc: CdcPath, tmp_path: Path
 ) -> None:
@@ -216,7 +233,7 @@ def test_no_loss_no_lake_duplicate_when_broker_and_connect_are_both_killed(
         writer.wait_for(75)
         kafka.broker.up()
         kafka.start_connect()  # the connector comes back from Connect's own topics
-        durable_cdc.client.wait_running(durable_cdc.connector.name, timeout=180)
+        connector_back_after_crash(kafka, durable_cdc.connector.name)
         writer.join(timeout=200)
         wait_until(lambda: bench.undelivered() == 0, timeout=180, what="all confirmed")
         # Its stored offsets were still valid: it went on reading CDC's records after the crash.
