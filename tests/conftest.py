@@ -53,3 +53,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "(`pytest -m 'not integration'`): move these to tests/integration:\n  "
             + "\n  ".join(misplaced)
         )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests.fix_lake import stop_shared_spark
+
+    stop_shared_spark()

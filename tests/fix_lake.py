@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from deltalake import DeltaTable
 from kafka import KafkaProducer
@@ -39,12 +40,60 @@ def ingest(env: dict[str, str], *, timeout: float = 400) -> subprocess.Completed
     return run_outbox("lake", "ingest", "--available-now", env=env, timeout=timeout)
 
 
-def ingested(env: dict[str, str], *, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    """:func:`ingest`, which must succeed without a traceback."""
+IN_PROCESS_SETTINGS = frozenset(
+    {
+        "OUTBOX_LAKE_ROOT",
+        "OUTBOX_LAKE_TOPIC_PATTERN",
+        "OUTBOX_LAKE_TRIGGER_SECONDS",
+        "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH",
+        "OUTBOX_LAKE_FAIL_ON_DATA_LOSS",
+        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS",
+    }
+)
+"""Settings an in-process run takes: none of them is one of the Spark session's own (its
+master, jars, object store), which the suite's runs share."""
+
+_shared_spark: Any = None
+
+
+def ingested(env: dict[str, str], *, timeout: float = 400) -> None:
+    """The job over what Kafka holds now, which must succeed.
+
+    A local lake with only :data:`IN_PROCESS_SETTINGS` runs in this process: the job's own
+    ``run_ingest(available_now=True)``, as ``outbox lake ingest --available-now`` calls it,
+    on one Spark session all such runs of the suite share (its JVM stays warm: a run takes
+    seconds instead of a minute). Any other runs the command (:func:`ingest`), which must
+    exit 0 without a traceback. The command's own behaviour (exit codes, messages, signals,
+    kills) is tested through :func:`ingest` and :func:`continuous_ingest`."""
+    if set(env) <= IN_PROCESS_SETTINGS and "://" not in env.get("OUTBOX_LAKE_ROOT", "://"):
+        ingest_in_process(env)
+        return
     done = ingest(env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
-    return done
+
+
+def ingest_in_process(env: dict[str, str]) -> None:
+    from outbox_cli._common import kafka_settings, load
+    from outbox_cli.lake import with_spark_jars
+    from outbox_lake.job import run_ingest, spark_session
+    from outbox_lake.settings import LakeSettings
+
+    global _shared_spark
+    with mock.patch.dict(os.environ, env):
+        settings = with_spark_jars(load(LakeSettings))
+        kafka = kafka_settings()
+    if _shared_spark is None:
+        _shared_spark = spark_session(settings)
+    run_ingest(settings, kafka, available_now=True, spark=_shared_spark)
+
+
+def stop_shared_spark() -> None:
+    """At the end of the session: the in-process runs' Spark session, and its JVM."""
+    global _shared_spark
+    if _shared_spark is not None:
+        _shared_spark.stop()
+        _shared_spark = None
 
 
 @contextlib.contextmanager

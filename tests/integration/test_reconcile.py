@@ -27,6 +27,7 @@ from kafka import KafkaProducer
 import outbox_migrations
 from outbox import Event, Outbox
 from tests.cli import run_outbox
+from tests.fix_lake import ingested, lake_env
 from tests.fix_postgres import ScratchDatabase
 from tests.fix_relay import RelayBench, wait_until
 from tests.fix_stack import KafkaServices
@@ -100,19 +101,7 @@ def pipeline(
     with bench.in_thread():
         wait_until(lambda: bench.undelivered() == 0, timeout=120, what="relayed")
     lake = tmp / "lake"
-    done = run_outbox(
-        "lake",
-        "ingest",
-        "--available-now",
-        env={
-            "OUTBOX_LAKE_ROOT": str(lake),
-            "OUTBOX_LAKE_TOPIC_PATTERN": rf"^outbox\.event\.{prefix}a",
-            "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": kafka_services.bootstrap_servers,
-            "OUTBOX_LAKE_TRIGGER_SECONDS": "1",
-        },
-        timeout=400,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    ingested(lake_env(lake, f"{prefix}a", kafka_services.bootstrap_servers))
     try:
         yield Pipeline(database, kafka_services.bootstrap_servers, prefix, lake, event_ids)
     finally:
