@@ -132,7 +132,7 @@ def test_a_broker_that_does_not_answer_for_30_s_under_load_is_waited_for(
         )
         try:
             n = 0
-            while not stop.is_set() and n < 4000:
+            while not stop.is_set() and n < 2000:
                 record = contract_record(aggregate_type, json.dumps({"n": n}))
                 producer.send(
                     record.topic, key=record.key, value=record.value, headers=list(record.headers)

@@ -541,7 +541,8 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
     assert "stopped on SIGTERM" in log.read_text()
     landed = len(rows(root, "events"))
     assert 0 < landed < 4000, "stopped too late to prove anything"
-    ingested({**env, "OUTBOX_LAKE_MAX_RECORDS_PER_BATCH": "10000"})  # the rest in one batch
+    rest = lake_env(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="10000")
+    ingested(rest)  # the rest, in one batch
     ids = [row["event_id"] for row in rows(root, "events")]
     assert len(ids) == len(set(ids)) == 4000
 
