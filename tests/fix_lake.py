@@ -89,11 +89,25 @@ def ingest_in_process(env: dict[str, str]) -> None:
 
 
 def stop_shared_spark() -> None:
-    """At the end of the session: the in-process runs' Spark session, and its JVM."""
+    """At the end of the session: the in-process runs' Spark session, its gateway (closed
+    now, not by the garbage collector after pytest has closed its log streams) and its JVM."""
     global _shared_spark
-    if _shared_spark is not None:
-        _shared_spark.stop()
-        _shared_spark = None
+    if _shared_spark is None:
+        return
+    from pyspark import SparkContext
+
+    _shared_spark.stop()
+    _shared_spark = None
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    jvm = getattr(gateway, "proc", None)
+    if jvm is not None:
+        jvm.stdin.close()  # Spark's JVM exits when its standard input closes
+        jvm.wait(timeout=60)
 
 
 @contextlib.contextmanager
