@@ -5,6 +5,7 @@ straight to the broker."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -90,24 +91,31 @@ def ingest_in_process(env: dict[str, str]) -> None:
 
 def stop_shared_spark() -> None:
     """At the end of the session: the in-process runs' Spark session, its gateway (closed
-    now, not by the garbage collector after pytest has closed its log streams) and its JVM."""
+    now, not by the garbage collector at exit) and its JVM. Logging is off meanwhile: py4j
+    logs each connection it closes, and the CLI's tests leave the root logger writing to a
+    stream their runner has closed ("--- Logging error ---" tracebacks otherwise)."""
     global _shared_spark
     if _shared_spark is None:
         return
     from pyspark import SparkContext
 
-    _shared_spark.stop()
-    _shared_spark = None
-    gateway = SparkContext._gateway
-    if gateway is None:
-        return
-    gateway.shutdown()
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-    jvm = getattr(gateway, "proc", None)
-    if jvm is not None:
-        jvm.stdin.close()  # Spark's JVM exits when its standard input closes
-        jvm.wait(timeout=60)
+    logging.disable(logging.CRITICAL)
+    try:
+        _shared_spark.stop()
+        _shared_spark = None
+        gateway = SparkContext._gateway
+        if gateway is None:
+            return
+        gateway.shutdown()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        jvm = getattr(gateway, "proc", None)
+        if jvm is not None:
+            jvm.stdin.close()  # Spark's JVM exits when its standard input closes
+            jvm.wait(timeout=60)
+    finally:
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # its objects' finalizers log too
+        logging.disable(logging.NOTSET)
 
 
 @contextlib.contextmanager
