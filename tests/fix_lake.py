@@ -63,18 +63,27 @@ def ingested(env: dict[str, str], *, timeout: float = 400) -> None:
     A local lake with only :data:`IN_PROCESS_SETTINGS` runs in this process: the job's own
     ``run_ingest(available_now=True)``, as ``outbox lake ingest --available-now`` calls it,
     on one Spark session all such runs of the suite share (its JVM stays warm: a run takes
-    seconds instead of a minute). Any other runs the command (:func:`ingest`), which must
-    exit 0 without a traceback. The command's own behaviour (exit codes, messages, signals,
-    kills) is tested through :func:`ingest` and :func:`continuous_ingest`."""
-    if set(env) <= IN_PROCESS_SETTINGS and "://" not in env.get("OUTBOX_LAKE_ROOT", "://"):
-        ingest_in_process(env)
+    seconds instead of a minute). Any other runs the command (:func:`ingested_by_command`).
+    The command's own behaviour (exit codes, messages, signals, kills) is tested through
+    :func:`ingest` and :func:`continuous_ingest`."""
+    if set(env) <= IN_PROCESS_SETTINGS and ingest_in_process(env):
         return
+    ingested_by_command(env, timeout=timeout)
+
+
+def ingested_by_command(
+    env: dict[str, str], *, timeout: float = 400
+) -> subprocess.CompletedProcess[str]:
+    """:func:`ingest`, which must exit 0 without a traceback."""
     done = ingest(env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
+    return done
 
 
-def ingest_in_process(env: dict[str, str]) -> None:
+def ingest_in_process(env: dict[str, str]) -> bool:
+    """Run the job here on the shared session; False (nothing run) for a lake that is not
+    local (its store's settings are the Spark session's)."""
     from outbox_cli._common import kafka_settings, load
     from outbox_cli.lake import with_spark_jars
     from outbox_lake.job import run_ingest, spark_session
@@ -82,11 +91,15 @@ def ingest_in_process(env: dict[str, str]) -> None:
 
     global _shared_spark
     with mock.patch.dict(os.environ, env):
-        settings = with_spark_jars(load(LakeSettings))
+        settings = load(LakeSettings)
+        if not settings.is_local:
+            return False
+        settings = with_spark_jars(settings)
         kafka = kafka_settings()
     if _shared_spark is None:
         _shared_spark = spark_session(settings)
     run_ingest(settings, kafka, available_now=True, spark=_shared_spark)
+    return True
 
 
 def stop_shared_spark() -> None:
