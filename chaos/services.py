@@ -39,8 +39,10 @@ from chaos.plans import ACCOUNT, ORDER, schema_statements
 from chaos.settings import ROOT, ChaosSettings
 from chaos.watchdog import Component, exit_status
 from outbox import OutboxSettings
+from outbox.core.errors import OutboxError
 from outbox.settings import KafkaSettings
 from outbox_connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
+from outbox_connect.open_transactions import open_transactions, unblock
 from outbox_lake.settings import LakeSettings
 from outbox_stack.errors import StackError
 from outbox_stack.local import LocalStack
@@ -62,6 +64,8 @@ OUTBOX_COMMAND = (sys.executable, "-m", "outbox_cli.main")
 """The ``outbox`` command, as this checkout runs it."""
 LAKE_START_TIMEOUT_SECONDS = 240.0
 CONNECTOR_TIMEOUT_SECONDS = 240.0
+UNBLOCK_AFTER_SECONDS = 60.0
+"""How long CDC may stay silent before the offsets topic is checked (and every minute on)."""
 
 
 class ChaosServices:
@@ -394,9 +398,13 @@ class ChaosServices:
         position on its slot (RUNNING alone proves nothing: the relays in auto mode would
         deliver everything while CDC stood still, and the run would pass). What was done,
         in words. Connect itself must be running: a worker that stopped on its own is a halt
-        for the watchdog to report, never started again here unseen."""
+        for the watchdog to report, never started again here unseen. Past a minute without
+        CDC, the operator's check for a hanging transaction on Connect's offsets topic (it
+        holds the worker at start-up; `outbox connect unblock` aborts it, losing nothing):
+        what it found is said, and on failure what is still open there."""
         done: dict[str, None] = {}  # what was done, once each, in order
         deadline = time.monotonic() + timeout
+        next_unblock = time.monotonic() + UNBLOCK_AFTER_SECONDS
         while True:
             if not self.stack.connect.process.is_running():
                 raise ConnectError(
@@ -419,13 +427,32 @@ class ChaosServices:
             except (ConnectError, OSError) as error:
                 if time.monotonic() > deadline:
                     raise ConnectError(f"the connector is not running: {error}") from error
+            if time.monotonic() > next_unblock:
+                next_unblock = time.monotonic() + UNBLOCK_AFTER_SECONDS
+                with contextlib.suppress(OutboxError):  # the broker may be down meanwhile
+                    aborted, _ = unblock(self.kafka, self.connector.offsets_topic, idle_seconds=60)
+                    for transaction in aborted:
+                        done[f"hanging transaction aborted: {transaction.describe()}"] = None
             if time.monotonic() > deadline:
                 raise ConnectError(
                     f"the connector is not running, or CDC confirms nothing, after "
                     f"{timeout:.0f} s (slot {self.connector.slot_name} at "
-                    f"{self._slot_text()}); see {self.stack.connect.process.log_file}"
+                    f"{self._slot_text()}){self._offsets_topic_text()}; see "
+                    f"{self.stack.connect.process.log_file}"
                 )
             time.sleep(1)
+
+    @property
+    def kafka(self) -> KafkaSettings:
+        return KafkaSettings(bootstrap_servers=self.bootstrap_servers)
+
+    def _offsets_topic_text(self) -> str:
+        """What holds Connect's offsets topic, if anything: for a failure's message."""
+        try:
+            held = open_transactions(self.kafka, self.connector.offsets_topic)
+        except OutboxError as error:
+            return f"; offsets topic not checked: {error}"
+        return "".join(f"; {transaction.describe()}" for transaction in held)
 
     def slot_position(self) -> int | None:
         """Where the connector's slot is confirmed up to (bytes of WAL); None without it."""

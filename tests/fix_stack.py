@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 
 from outbox.core.errors import ConnectError
+from outbox.settings import KafkaSettings
 from outbox_connect.client import ConnectClient
+from outbox_connect.open_transactions import OpenTransaction, open_transactions, unblock
 from outbox_stack import PostgresCluster
 from outbox_stack.broker import KafkaBroker
-from outbox_stack.connect import ConnectWorker
+from outbox_stack.connect import CONNECT_GROUP, ConnectWorker
 from outbox_stack.settings import StackSettings
 from tests.fix_postgres import ROOT, free_port
 
@@ -48,7 +50,27 @@ class KafkaServices:
         try:
             ConnectClient(self.connect.rest_url).wait_running(name, timeout=timeout)
         except ConnectError as error:
-            raise AssertionError(f"{error}\n{self.logged_trouble()}") from None
+            held = "\n".join(t.describe() for t in self.offsets_topic_transactions())
+            raise AssertionError(f"{error}\n{held}\n{self.logged_trouble()}") from None
+
+    @property
+    def offsets_topic(self) -> str:
+        return f"{CONNECT_GROUP}-offsets"
+
+    def offsets_topic_transactions(self) -> list[OpenTransaction]:
+        """Transactions open on the worker's offsets topic (which hold its start-up)."""
+        return open_transactions(
+            KafkaSettings(bootstrap_servers=self.bootstrap_servers), self.offsets_topic
+        )
+
+    def unblock_connect(self) -> list[OpenTransaction]:
+        """``outbox connect unblock``'s remedy: the hanging transactions it aborted."""
+        aborted, _ = unblock(
+            KafkaSettings(bootstrap_servers=self.bootstrap_servers),
+            self.offsets_topic,
+            idle_seconds=60,
+        )
+        return aborted
 
     def logged_trouble(self, lines: int = 60) -> str:
         """The last warnings and errors of Connect's and the broker's logs."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from outbox_cli._common import load
+from outbox_cli._common import kafka_settings, load
 
 app = typer.Typer(help="Apply and watch the Debezium connector (CDC path).", no_args_is_help=True)
 
@@ -29,29 +29,51 @@ def apply(
 
 @app.command()
 def status() -> None:
-    """Connector and task states; the replication slot's state, retained WAL (lag) in bytes,
-    and PostgreSQL's max_slot_wal_keep_size with a recommendation.
+    """Connector and task states; transactions left open on Connect's offsets topic; the
+    replication slot's state, retained WAL (lag) in bytes, and PostgreSQL's
+    max_slot_wal_keep_size with a recommendation.
 
-    The slot report needs OUTBOX_DATABASE_URL. Exit 1 unless everything runs.
+    The slot report needs OUTBOX_DATABASE_URL. Exit 1 unless everything runs and no hanging
+    transaction holds Connect's offsets topic.
     """
     import os
 
+    from outbox.core.errors import OutboxError
     from outbox_connect import ConnectClient, ConnectorSettings
+    from outbox_connect.open_transactions import open_transactions
 
     settings = load(ConnectorSettings)
     state = ConnectClient(settings.url).state(settings.name)
     if state is None:
         typer.echo(f"connector {settings.name}: not created (run `outbox connect apply`)")
-        raise typer.Exit(1)
-    typer.echo(f"connector {settings.name}: {state.connector}")
-    for task, task_state, trace in state.tasks:
-        typer.echo(f"  task {task}: {task_state}")
-        if trace:
-            typer.echo("    " + trace.splitlines()[0][:300])
+    else:
+        typer.echo(f"connector {settings.name}: {state.connector}")
+        for task, task_state, trace in state.tasks:
+            typer.echo(f"  task {task}: {task_state}")
+            if trace:
+                typer.echo("    " + trace.splitlines()[0][:300])
+    # Checked whatever the connector's state: a worker held by a hanging transaction
+    # answers REST yet lists no connector.
+    try:
+        held = open_transactions(kafka_settings(), settings.offsets_topic)
+    except OutboxError as error:  # Connect may be up while the broker is not
+        typer.echo(f"offsets topic {settings.offsets_topic}: not checked ({error})")
+        held = []
+    else:
+        if not held:
+            typer.echo(f"offsets topic {settings.offsets_topic}: no transaction left open")
+        for transaction in held:
+            typer.echo(transaction.describe())
+    hanging = any(transaction.hanging for transaction in held)
+    if hanging:
+        typer.echo(
+            "  a hanging transaction holds every exactly-once worker at start-up: abort it "
+            "with `outbox connect unblock` (loses nothing: it never committed)"
+        )
     if os.environ.get("OUTBOX_DATABASE_URL"):
         for line in _slot_report(settings.slot_name):
             typer.echo(line)
-    if not state.running:
+    if state is None or not state.running or hanging:
         raise typer.Exit(1)
 
 
@@ -65,6 +87,40 @@ def restart() -> None:
     client.restart(settings.name)
     state = client.wait_running(settings.name)
     typer.echo(f"connector {settings.name}: {state.connector}")
+
+
+@app.command()
+def unblock(
+    idle_seconds: float = typer.Option(
+        60.0, min=0, help="Abort only transactions whose producer has been silent this long."
+    ),
+) -> None:
+    """Abort the hanging transactions on Connect's offsets topic (OUTBOX_CONNECT_OFFSETS_TOPIC):
+    those no transaction coordinator counts as open, which Kafka never ends by itself and
+    which hold an exactly-once worker at start-up (it answers REST but starts no connector).
+    Loses nothing: their records and offsets were never committed, and the task resumes
+    from its last committed offsets. Transactions a coordinator still owns are left to it
+    (it aborts them after their timeout). Exit 1 if a hanging one remains."""
+    from outbox_connect import ConnectorSettings
+    from outbox_connect.open_transactions import unblock as unblock_topic
+
+    settings = load(ConnectorSettings)
+    aborted, left = unblock_topic(
+        kafka_settings(), settings.offsets_topic, idle_seconds=idle_seconds
+    )
+    for transaction in aborted:
+        typer.echo(f"aborted: {transaction.describe()}")
+    for transaction in left:
+        typer.echo(f"still open: {transaction.describe()}")
+        if transaction.hanging:
+            typer.echo(
+                f"  silent less than {idle_seconds:g} s: run again later, or with a lower "
+                "--idle-seconds"
+            )
+    if not aborted and not left:
+        typer.echo(f"offsets topic {settings.offsets_topic}: no transaction left open")
+    if any(transaction.hanging for transaction in left):
+        raise typer.Exit(1)
 
 
 def _slot_report(slot: str) -> list[str]:

@@ -47,6 +47,10 @@ class ConnectorSettings(BaseSettings):
     """The replication slot."""
     topic_prefix: str = Field(default=DEFAULT_CDC_TOPIC_PREFIX, pattern=r"^[A-Za-z0-9._-]{1,100}$")
     """Debezium's logical server name: it names the heartbeat topic."""
+    offsets_topic: str = Field(default="outbox-connect-offsets", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    """Connect's offsets topic (the workers' `offset.storage.topic`): `outbox connect status`
+    reports transactions left open on it, and `outbox connect unblock` aborts the hanging
+    ones, which hold an exactly-once worker at start-up."""
     heartbeat_interval_ms: int = Field(default=10_000, ge=100, le=3_600_000)
     """Heartbeat period: keeps the slot moving while the outbox is idle."""
     database_sslmode: SslMode | None = None

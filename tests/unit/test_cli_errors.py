@@ -74,6 +74,8 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["connect", "status"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
     (["connect", "status"], {"OUTBOX_CONNECT_URL": f"http://127.0.0.1:{CLOSED}"}, "reached"),
     (["connect", "restart"], BAD_CONNECT, "OUTBOX_CONNECT_URL"),
+    (["connect", "unblock"], {"OUTBOX_CONNECT_OFFSETS_TOPIC": "a b"}, "OFFSETS_TOPIC"),
+    (["connect", "unblock"], BAD_KAFKA, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
     (["relay", "run"], {**NO_DATABASE, **BAD_KAFKA}, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
     (["relay", "health"], {"OUTBOX_RELAY_HTTP_PORT": "port"}, "OUTBOX_RELAY_HTTP_PORT"),
     (["relay", "dead-letters", "list"], NO_DATABASE, UNREACHABLE_DATABASE),

@@ -33,6 +33,8 @@ EXTRA_OF = {
     "examples/outbox_examples/payment_effects.py": "relay",
     "relay/outbox_relay": "relay",
     "cli/outbox_cli/relay.py": "relay",
+    "connect/outbox_connect/open_transactions.py": "relay",
+    "cli/outbox_cli/connect.py": "relay",
     "lake/outbox_lake": "lake",
     "reconcile/outbox_reconcile": "lake",
     "cli/outbox_cli/lake.py": "lake",

@@ -1,0 +1,171 @@
+"""Transactions left open on Kafka Connect's offsets topic, and aborting the hanging ones.
+
+With exactly-once source support on, a Connect worker reads its offsets topic
+``read_committed`` to its end before it starts (and each exactly-once task does, before
+its first poll). A transaction open on that topic holds every such read at its first
+record: the worker answers REST but starts no connector, a task never polls. A transaction
+whose producer died is normally aborted by its coordinator once its timeout has passed (a
+minute for Connect's task producers); one its coordinator no longer counts as open on that
+partition (a *hanging* transaction, KIP-664: its coordinator finished it, or never knew the
+partition was in it) is never ended by Kafka itself, and holds the worker until an operator
+aborts it. This module finds both kinds, through the partition leaders' producer state and
+the coordinators' own view, and aborts the hanging ones only: the coordinator of any other
+may still commit it, and an abort written beside it could hide records it commits.
+
+Aborting a hanging transaction loses nothing: its records and its source offsets were never
+committed, so no ``read_committed`` reader saw them, and the task starts again from its last
+committed offsets (Debezium re-reads the WAL from there).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.kafka_clients import client_options, kafka_errors, open_client
+from outbox.settings import KafkaSettings
+
+__all__ = ["OpenTransaction", "abort_hanging", "open_transactions", "unblock"]
+
+_COORDINATOR_OPEN = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
+"""Coordinator states in which the coordinator itself will end the transaction."""
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """A transaction open on one partition: who opened it, where it starts, how long its
+    producer has been silent there, and what its coordinator makes of it
+    (``coordinator_state`` ``None``: no coordinator counts it as open on this partition)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    first_offset: int
+    idle_seconds: float
+    transactional_id: str | None
+    coordinator_state: str | None
+
+    @property
+    def hanging(self) -> bool:
+        """Kafka will never end it: only an abort from an operator will."""
+        return self.coordinator_state is None
+
+    def describe(self) -> str:
+        owner = self.transactional_id or "a producer no coordinator knows"
+        state = (
+            "hanging (no coordinator counts it open: Kafka never ends it)"
+            if self.hanging
+            else f"its coordinator has it {self.coordinator_state} and ends it itself"
+        )
+        return (
+            f"{self.topic}[{self.partition}]: transaction of producer {self.producer_id} "
+            f"(epoch {self.producer_epoch}, {owner}) open from offset {self.first_offset}, "
+            f"silent {self.idle_seconds:.0f} s: {state}"
+        )
+
+
+def _admin(settings: KafkaSettings) -> Any:
+    from kafka import KafkaAdminClient
+
+    return open_client(
+        settings, KafkaAdminClient, client_options(settings, client_id="outbox-connect-check")
+    )
+
+
+def open_transactions(settings: KafkaSettings, topic: str) -> list[OpenTransaction]:
+    """Every transaction open on ``topic`` (each of its partitions), with its coordinator's
+    view; an empty list when none is."""
+    from kafka import TopicPartition
+
+    admin = _admin(settings)
+    try:
+        with kafka_errors(settings):
+            partitions = admin.describe_topics([topic])[0]["partitions"]
+            producers = admin.describe_producers(
+                [TopicPartition(topic, p["partition_index"]) for p in partitions]
+            )
+            now_ms = time.time() * 1000
+            opened = [
+                (tp, producer)
+                for tp, state in producers.items()
+                for producer in state.active_producers
+                if producer.current_transaction_start_offset >= 0
+            ]
+            if not opened:
+                return []
+            listed = admin.list_transactions(
+                producer_id_filters=sorted({p.producer_id for _, p in opened})
+            )
+            ids = {t.producer_id: t.transactional_id for ts in listed.values() for t in ts}
+            described = admin.describe_transactions(sorted(set(ids.values()))) if ids else {}
+    finally:
+        admin.close()
+    found = []
+    for tp, producer in opened:
+        transactional_id = ids.get(producer.producer_id)
+        view = described.get(transactional_id) if transactional_id else None
+        coordinator_state = None
+        if (
+            view is not None
+            and view.producer_id == producer.producer_id
+            and str(view.state.value) in _COORDINATOR_OPEN
+            and tp in view.topic_partitions
+        ):
+            coordinator_state = str(view.state.value)
+        found.append(
+            OpenTransaction(
+                topic=tp.topic,
+                partition=tp.partition,
+                producer_id=producer.producer_id,
+                producer_epoch=producer.producer_epoch,
+                coordinator_epoch=producer.coordinator_epoch,
+                first_offset=producer.current_transaction_start_offset,
+                idle_seconds=max(0.0, (now_ms - producer.last_timestamp) / 1000),
+                transactional_id=transactional_id,
+                coordinator_state=coordinator_state,
+            )
+        )
+    return sorted(found, key=lambda t: (t.partition, t.first_offset))
+
+
+def abort_hanging(
+    settings: KafkaSettings, transactions: list[OpenTransaction], *, idle_seconds: float
+) -> list[OpenTransaction]:
+    """Abort each of ``transactions`` that is hanging and whose producer has been silent on
+    its partition for ``idle_seconds`` at least (a margin for a coordinator that is just
+    recording a new partition); returns those aborted. The partition's leader checks the
+    producer id and epoch before it writes the abort marker."""
+    from kafka import TopicPartition
+    from kafka.admin import AbortTransactionSpec
+
+    chosen = [t for t in transactions if t.hanging and t.idle_seconds >= idle_seconds]
+    if not chosen:
+        return []
+    admin = _admin(settings)
+    try:
+        with kafka_errors(settings):
+            for transaction in chosen:
+                admin.abort_transaction(
+                    AbortTransactionSpec(
+                        topic_partition=TopicPartition(transaction.topic, transaction.partition),
+                        producer_id=transaction.producer_id,
+                        producer_epoch=transaction.producer_epoch,
+                        coordinator_epoch=transaction.coordinator_epoch,
+                    )
+                )
+    finally:
+        admin.close()
+    return chosen
+
+
+def unblock(
+    settings: KafkaSettings, topic: str, *, idle_seconds: float
+) -> tuple[list[OpenTransaction], list[OpenTransaction]]:
+    """Abort the hanging transactions on ``topic`` silent for ``idle_seconds`` at least
+    (:func:`abort_hanging`); returns those aborted, and those still open after (each
+    described by :meth:`OpenTransaction.describe`)."""
+    aborted = abort_hanging(settings, open_transactions(settings, topic), idle_seconds=idle_seconds)
+    return aborted, open_transactions(settings, topic)
