@@ -40,7 +40,28 @@ def service_fixtures_of(item: pytest.Item) -> list[str]:
     )
 
 
+SPARK_MODULES = {
+    "test_lake.py",
+    "test_lake_cluster.py",
+    "test_lake_faults.py",
+    "test_lake_integrity.py",
+    "test_lake_s3.py",
+    "test_reconcile.py",
+    "test_loopback.py",
+}
+"""The modules that run the lake job most (Spark, on both cores): one group, run first and
+by one worker (``make test`` runs two, ``--dist loadgroup``), so that two Spark jobs rarely
+share the two cores; every other module is a group of its own (its module fixtures, such as
+a broker of its own, are set up once)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = "spark" if item.path.name in SPARK_MODULES else item.path.stem
+        item.add_marker(pytest.mark.xdist_group(group))
+    # The longest group first: it sets the run's length, and starts while the other worker
+    # takes the rest.
+    items.sort(key=lambda item: item.path.name not in SPARK_MODULES)
     misplaced = []
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
