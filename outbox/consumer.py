@@ -45,6 +45,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.kafka_record import KafkaRecord, Undecodable, decode_event
 from outbox.core.protocol import claim_message, dead_letter_message
 from outbox.core.statements import OutboxStatements
+from outbox.core.text import storable_text
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox.settings import KafkaSettings, OutboxSettings, kafka_settings
 
@@ -206,15 +207,16 @@ class IdempotentConsumer(Generic[T]):
                 else:
                     attempts += 1
                     self.stats.handler_failures += 1
+                    # Storable is printable too: a lone surrogate has no UTF-8 encoding.
+                    reason = storable_text(f"{type(error).__name__}: {error}")
                     log.warning(
                         "handler failed on event %s (attempt %d of %d): %s",
                         event.event_id,
                         attempts,
                         self._max_attempts,
-                        f"{type(error).__name__}: {error}",
+                        reason,
                     )
                     if attempts >= self._max_attempts:
-                        reason = f"{type(error).__name__}: {error}"
                         self._dead_letter(record, event, reason, attempts, stop)
                         return
             _pause(backoff, stop)
@@ -260,7 +262,7 @@ class IdempotentConsumer(Generic[T]):
                     record.topic,
                     record.partition,
                     record.offset,
-                    reason,
+                    storable_text(reason),
                 )
                 return
             except Exception as error:

@@ -9,6 +9,8 @@ the suite's services: all but the TCP proxy) fails collection with the fix to ma
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "(`pytest -m 'not integration'`): move these to tests/integration:\n  "
             + "\n  ".join(misplaced)
         )
+
+
+@pytest.fixture(autouse=True)
+def _no_log_handler_on_a_closed_stream() -> Iterator[None]:
+    """A command run in this process (Typer's ``CliRunner``) points the root logger at its
+    own stream, closed when the command returns: a later log line of this worker (a relay
+    thread of another test) would fail to write (``--- Logging error ---``)."""
+    yield
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        stream = getattr(handler, "stream", None)
+        if isinstance(handler, logging.StreamHandler) and getattr(stream, "closed", False):
+            root.removeHandler(handler)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
