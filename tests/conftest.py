@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -43,49 +42,7 @@ def service_fixtures_of(item: pytest.Item) -> list[str]:
     )
 
 
-SPARK_MODULES = {
-    "test_lake.py",
-    "test_lake_cluster.py",
-    "test_lake_faults.py",
-    "test_lake_integrity.py",
-    "test_lake_s3.py",
-    "test_reconcile.py",
-    "test_loopback.py",
-}
-"""The modules that run the lake job most (Spark, on both cores): ``make test`` runs two
-pytest-xdist workers, and these go to one of them as one unit, first, so that two Spark jobs
-rarely share the two cores (:func:`pytest_xdist_make_scheduler`)."""
-
-
-def _scope(nodeid: str) -> str:
-    """The unit of work a test belongs to: the Spark-heavy modules together, else its module
-    (its module fixtures, such as a broker of its own, are then set up once)."""
-    module = nodeid.split("::", 1)[0]
-    return "spark" if Path(module).name in SPARK_MODULES else module
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's scope scheduling with :func:`_scope` as the scope. (Its ``loadgroup`` marks
-    do not group with pytest 9: the worker's renamed node ids are not used.)"""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ModuleScopes(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            return _scope(nodeid)
-
-    return ModuleScopes(config, log)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The longest unit first (it sets the run's length), then the unit tests: each worker
-    # starts with two units, so the one with Spark's has a short one queued behind it.
-    items.sort(
-        key=lambda item: (
-            _scope(item.nodeid) != "spark",
-            not item.path.is_relative_to(INTEGRATION.parent / "unit"),
-        )
-    )
     misplaced = []
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
