@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from outbox.core.errors import BrokerError, BrokerUnavailable
 from outbox.kafka_clients import client_options, kafka_errors, open_client
 from outbox.settings import KafkaSettings
 
@@ -30,6 +31,11 @@ __all__ = ["OpenTransaction", "abort_hanging", "open_transactions", "unblock"]
 
 _COORDINATOR_OPEN = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 """Coordinator states in which the coordinator itself will end the transaction."""
+
+UNLISTED_IDLE_SECONDS = 15 * 60.0
+"""A producer no coordinator lists at all may belong to a coordinator that is moving or
+loading: aborted only once silent this long (Kafka's default ``transaction.max.timeout.ms``,
+past which any coordinator has ended its own transactions), as Kafka's own tool does."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class OpenTransaction:
     idle_seconds: float
     transactional_id: str | None
     coordinator_state: str | None
+    listed: bool = True
+    """A coordinator lists the producer (in whatever state): it knows it."""
 
     @property
     def hanging(self) -> bool:
@@ -83,7 +91,13 @@ def open_transactions(settings: KafkaSettings, topic: str) -> list[OpenTransacti
     admin = _admin(settings)
     try:
         with kafka_errors(settings):
-            partitions = admin.describe_topics([topic])[0]["partitions"]
+            (described_topic,) = admin.describe_topics([topic])
+            if described_topic["error_code"]:
+                raise BrokerError(
+                    f"topic {topic} cannot be described (error {described_topic['error_code']}"
+                    "): is it Connect's offsets topic? (OUTBOX_CONNECT_OFFSETS_TOPIC)"
+                )
+            partitions = described_topic["partitions"]
             producers = admin.describe_producers(
                 [TopicPartition(topic, p["partition_index"]) for p in partitions]
             )
@@ -99,22 +113,27 @@ def open_transactions(settings: KafkaSettings, topic: str) -> list[OpenTransacti
             listed = admin.list_transactions(
                 producer_id_filters=sorted({p.producer_id for _, p in opened})
             )
-            ids = {t.producer_id: t.transactional_id for ts in listed.values() for t in ts}
-            described = admin.describe_transactions(sorted(set(ids.values()))) if ids else {}
+            ids: dict[int, set[str]] = {}
+            for listings in listed.values():
+                for listing in listings:
+                    ids.setdefault(listing.producer_id, set()).add(listing.transactional_id)
+            wanted = sorted(set().union(*ids.values())) if ids else []
+            described = admin.describe_transactions(wanted) if wanted else {}
     finally:
         admin.close()
     found = []
     for tp, producer in opened:
-        transactional_id = ids.get(producer.producer_id)
-        view = described.get(transactional_id) if transactional_id else None
+        names = sorted(ids.get(producer.producer_id, ()))
         coordinator_state = None
-        if (
-            view is not None
-            and view.producer_id == producer.producer_id
-            and str(view.state.value) in _COORDINATOR_OPEN
-            and tp in view.topic_partitions
-        ):
-            coordinator_state = str(view.state.value)
+        for name in names:  # open if any coordinator has it open on this partition
+            view = described.get(name)
+            if (
+                view is not None
+                and view.producer_id == producer.producer_id
+                and str(view.state.value) in _COORDINATOR_OPEN
+                and tp in view.topic_partitions
+            ):
+                coordinator_state = str(view.state.value)
         found.append(
             OpenTransaction(
                 topic=tp.topic,
@@ -124,8 +143,9 @@ def open_transactions(settings: KafkaSettings, topic: str) -> list[OpenTransacti
                 coordinator_epoch=producer.coordinator_epoch,
                 first_offset=producer.current_transaction_start_offset,
                 idle_seconds=max(0.0, (now_ms - producer.last_timestamp) / 1000),
-                transactional_id=transactional_id,
+                transactional_id=names[0] if names else None,
                 coordinator_state=coordinator_state,
+                listed=bool(names),
             )
         )
     return sorted(found, key=lambda t: (t.partition, t.first_offset))
@@ -136,17 +156,34 @@ def abort_hanging(
 ) -> list[OpenTransaction]:
     """Abort each of ``transactions`` that is hanging and whose producer has been silent on
     its partition for ``idle_seconds`` at least (a margin for a coordinator that is just
-    recording a new partition); returns those aborted. The partition's leader checks the
-    producer id and epoch before it writes the abort marker."""
+    recording a new partition; :data:`UNLISTED_IDLE_SECONDS` at least for a producer no
+    coordinator lists); returns those aborted. Nothing is aborted while a partition of the
+    coordinators' own log (``__transaction_state``) has no leader: a coordinator that is not
+    loaded lists nothing. The partition's leader checks the producer id and epoch before it
+    writes the abort marker."""
     from kafka import TopicPartition
     from kafka.admin import AbortTransactionSpec
 
-    chosen = [t for t in transactions if t.hanging and t.idle_seconds >= idle_seconds]
+    chosen = [
+        t
+        for t in transactions
+        if t.hanging
+        and t.idle_seconds
+        >= (idle_seconds if t.listed else max(idle_seconds, UNLISTED_IDLE_SECONDS))
+    ]
     if not chosen:
         return []
     admin = _admin(settings)
     try:
         with kafka_errors(settings):
+            (log,) = admin.describe_topics(["__transaction_state"])
+            leaderless = [p for p in log["partitions"] if p["error_code"] or p["leader_id"] < 0]
+            if log["error_code"] or leaderless:
+                raise BrokerUnavailable(
+                    "the transaction coordinators' log (__transaction_state) has partitions "
+                    "without a leader: not aborting anything while a coordinator may be "
+                    "loading; run again once the cluster is whole"
+                )
             for transaction in chosen:
                 admin.abort_transaction(
                     AbortTransactionSpec(

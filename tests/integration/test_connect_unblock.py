@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
+from outbox.core.errors import BrokerError
 from outbox.settings import KafkaSettings
 from outbox_connect.open_transactions import open_transactions, unblock
 from tests.fix_stack import KafkaServices
@@ -52,6 +54,14 @@ def test_a_hanging_transaction_is_found_and_aborted_and_readers_go_on(
     # A read_committed reader now passes it: the aborted record is never read, the next is.
     records = read_until(bootstrap, topic, lambda r: len(r) >= 1, timeout=30)
     assert [r.value for r in records] == [b"committed after it"]
+
+
+def test_a_topic_that_does_not_exist_is_said_not_reported_clean(
+    kafka_services: KafkaServices,
+) -> None:
+    settings = KafkaSettings(bootstrap_servers=kafka_services.bootstrap_servers)
+    with pytest.raises(BrokerError, match="OUTBOX_CONNECT_OFFSETS_TOPIC"):
+        open_transactions(settings, f"tests-missing-{uuid.uuid4().hex[:8]}")
 
 
 def test_a_transaction_its_coordinator_owns_is_never_aborted(
