@@ -42,7 +42,7 @@ from outbox import OutboxSettings
 from outbox.core.errors import OutboxError
 from outbox.settings import KafkaSettings
 from outbox_connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
-from outbox_connect.open_transactions import open_transactions, unblock
+from outbox_connect.open_transactions import IDLE_SECONDS, open_transactions, unblock
 from outbox_lake.settings import LakeSettings
 from outbox_stack.errors import StackError
 from outbox_stack.local import LocalStack
@@ -430,7 +430,9 @@ class ChaosServices:
             if time.monotonic() > next_unblock:
                 next_unblock = time.monotonic() + UNBLOCK_AFTER_SECONDS
                 with contextlib.suppress(OutboxError):  # the broker may be down meanwhile
-                    aborted, _ = unblock(self.kafka, self.connector.offsets_topic, idle_seconds=60)
+                    aborted, _ = unblock(
+                        self.kafka, self.connector.offsets_topic, idle_seconds=IDLE_SECONDS
+                    )
                     for transaction in aborted:
                         done[f"hanging transaction aborted: {transaction.describe()}"] = None
             if time.monotonic() > deadline:

@@ -21,10 +21,15 @@ import pytest
 from outbox.core.errors import ConnectError
 from outbox.settings import KafkaSettings
 from outbox_connect.client import ConnectClient
-from outbox_connect.open_transactions import OpenTransaction, open_transactions, unblock
+from outbox_connect.open_transactions import (
+    IDLE_SECONDS,
+    OpenTransaction,
+    open_transactions,
+    unblock,
+)
 from outbox_stack import PostgresCluster
 from outbox_stack.broker import KafkaBroker
-from outbox_stack.connect import CONNECT_GROUP, ConnectWorker
+from outbox_stack.connect import OFFSETS_TOPIC, ConnectWorker
 from outbox_stack.settings import StackSettings
 from tests.fix_postgres import ROOT, free_port
 
@@ -53,23 +58,19 @@ class KafkaServices:
             held = "\n".join(t.describe() for t in self.offsets_topic_transactions())
             raise AssertionError(f"{error}\n{held}\n{self.logged_trouble()}") from None
 
+    offsets_topic = OFFSETS_TOPIC
+
     @property
-    def offsets_topic(self) -> str:
-        return f"{CONNECT_GROUP}-offsets"
+    def kafka(self) -> KafkaSettings:
+        return KafkaSettings(bootstrap_servers=self.bootstrap_servers)
 
     def offsets_topic_transactions(self) -> list[OpenTransaction]:
         """Transactions open on the worker's offsets topic (which hold its start-up)."""
-        return open_transactions(
-            KafkaSettings(bootstrap_servers=self.bootstrap_servers), self.offsets_topic
-        )
+        return open_transactions(self.kafka, self.offsets_topic)
 
     def unblock_connect(self) -> list[OpenTransaction]:
         """``outbox connect unblock``'s remedy: the hanging transactions it aborted."""
-        aborted, _ = unblock(
-            KafkaSettings(bootstrap_servers=self.bootstrap_servers),
-            self.offsets_topic,
-            idle_seconds=60,
-        )
+        aborted, _ = unblock(self.kafka, self.offsets_topic, idle_seconds=IDLE_SECONDS)
         return aborted
 
     def logged_trouble(self, lines: int = 60) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from outbox_cli._common import kafka_settings, load
+from outbox_connect.open_transactions import IDLE_SECONDS
 
 app = typer.Typer(help="Apply and watch the Debezium connector (CDC path).", no_args_is_help=True)
 
@@ -92,7 +93,9 @@ def restart() -> None:
 @app.command()
 def unblock(
     idle_seconds: float = typer.Option(
-        60.0, min=0, help="Abort only transactions whose producer has been silent this long."
+        IDLE_SECONDS,
+        min=0,
+        help="Abort only transactions whose producer has been silent this long.",
     ),
 ) -> None:
     """Abort the hanging transactions on Connect's offsets topic (OUTBOX_CONNECT_OFFSETS_TOPIC):
@@ -114,8 +117,8 @@ def unblock(
         typer.echo(f"still open: {transaction.describe()}")
         if transaction.hanging:
             typer.echo(
-                f"  silent less than {idle_seconds:g} s: run again later, or with a lower "
-                "--idle-seconds"
+                f"  silent less than {transaction.silence_needed(idle_seconds):g} s: run "
+                "again later, or with a lower --idle-seconds"
             )
     if not aborted and not left:
         typer.echo(f"offsets topic {settings.offsets_topic}: no transaction left open")

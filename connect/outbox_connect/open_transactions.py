@@ -27,7 +27,17 @@ from outbox.core.errors import BrokerError, BrokerUnavailable
 from outbox.kafka_clients import client_options, kafka_errors, open_client
 from outbox.settings import KafkaSettings
 
-__all__ = ["OpenTransaction", "abort_hanging", "open_transactions", "unblock"]
+__all__ = [
+    "IDLE_SECONDS",
+    "OpenTransaction",
+    "abort_hanging",
+    "open_transactions",
+    "unblock",
+]
+
+IDLE_SECONDS = 60.0
+"""How long a hanging transaction's producer must have been silent before it is aborted, by
+default: a margin for a coordinator that is just recording a new partition."""
 
 _COORDINATOR_OPEN = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 """Coordinator states in which the coordinator itself will end the transaction."""
@@ -60,6 +70,12 @@ class OpenTransaction:
     def hanging(self) -> bool:
         """Kafka will never end it: only an abort from an operator will."""
         return self.coordinator_state is None
+
+    def silence_needed(self, idle_seconds: float) -> float:
+        """How long its producer must have been silent before it may be aborted:
+        ``idle_seconds``, or :data:`UNLISTED_IDLE_SECONDS` at least if no coordinator lists
+        the producer."""
+        return idle_seconds if self.listed else max(idle_seconds, UNLISTED_IDLE_SECONDS)
 
     def describe(self) -> str:
         owner = self.transactional_id or "a producer no coordinator knows"
@@ -165,11 +181,7 @@ def abort_hanging(
     from kafka.admin import AbortTransactionSpec
 
     chosen = [
-        t
-        for t in transactions
-        if t.hanging
-        and t.idle_seconds
-        >= (idle_seconds if t.listed else max(idle_seconds, UNLISTED_IDLE_SECONDS))
+        t for t in transactions if t.hanging and t.idle_seconds >= t.silence_needed(idle_seconds)
     ]
     if not chosen:
         return []
@@ -204,5 +216,6 @@ def unblock(
     """Abort the hanging transactions on ``topic`` silent for ``idle_seconds`` at least
     (:func:`abort_hanging`); returns those aborted, and those still open after (each
     described by :meth:`OpenTransaction.describe`)."""
-    aborted = abort_hanging(settings, open_transactions(settings, topic), idle_seconds=idle_seconds)
-    return aborted, open_transactions(settings, topic)
+    found = open_transactions(settings, topic)
+    aborted = abort_hanging(settings, found, idle_seconds=idle_seconds)
+    return aborted, (open_transactions(settings, topic) if aborted else found)

@@ -41,11 +41,14 @@ __all__ = [
     "CONNECTOR_SECRETS",
     "CONNECT_GROUP",
     "INHERITED_VARIABLES",
+    "OFFSETS_TOPIC",
     "ConnectStatus",
     "ConnectWorker",
 ]
 
 CONNECT_GROUP = "outbox-connect"
+OFFSETS_TOPIC = f"{CONNECT_GROUP}-offsets"
+"""The worker's offsets topic (``OUTBOX_CONNECT_OFFSETS_TOPIC``'s default)."""
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 OUTBOX_EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"
 # What the JVM needs from the parent's environment; nothing else reaches the worker.
@@ -116,7 +119,7 @@ class ConnectWorker:
             "key.converter": "org.apache.kafka.connect.storage.StringConverter",
             "value.converter": "org.apache.kafka.connect.storage.StringConverter",
             "config.storage.topic": f"{CONNECT_GROUP}-configs",
-            "offset.storage.topic": f"{CONNECT_GROUP}-offsets",
+            "offset.storage.topic": OFFSETS_TOPIC,
             "status.storage.topic": f"{CONNECT_GROUP}-status",
             "config.storage.replication.factor": "1",
             "offset.storage.replication.factor": "1",
