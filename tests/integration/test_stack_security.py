@@ -79,13 +79,15 @@ def test_secret_files_are_0600_from_their_first_byte(
     """With umask 0, the superuser's and CDC passwords, the server's TLS key and initdb's
     password file are each written through a descriptor whose file is already 0600 (never
     written, then chmod'ed); the key and initdb's file are the server user's before that."""
-    writes: list[os.stat_result] = []
+    writes: list[tuple[Path, os.stat_result]] = []
     write = os.write
 
     def spy(descriptor: int, data: bytes) -> int:
         status = os.fstat(descriptor)
         if stat.S_ISREG(status.st_mode):
-            writes.append(status)
+            # The path the descriptor names at the write, not its inode: a secret is written
+            # to a partial file linked in place, and a removed file's inode may be reused.
+            writes.append((Path(os.readlink(f"/proc/self/fd/{descriptor}")), status))
         return write(descriptor, data)
 
     monkeypatch.setattr(os, "write", spy)
@@ -95,23 +97,36 @@ def test_secret_files_are_0600_from_their_first_byte(
         own_cluster.cdc_password()
     finally:
         os.umask(previous)
-    secrets = [own_cluster.password_file, own_cluster.home / "cdc.password"]
-    for secret in secrets:
-        first = [status for status in writes if status.st_ino == secret.stat().st_ino]
+
+    def written_to(path: Path) -> list[tuple[int, int, int]]:
+        """Each write to ``path`` or to a partial file then put in its place: (mode, size,
+        uid)."""
+        target = path.resolve()
+        return [
+            (status.st_mode & 0o777, status.st_size, status.st_uid)
+            for written, status in writes
+            if written.parent == target.parent
+            and (
+                written == target
+                or (f".{target.name}." in written.name and written.suffix == ".partial")
+            )
+        ]
+
+    def first_write(path: Path) -> list[tuple[int, int, int]]:
+        return written_to(path)[:1]
+
+    for secret in (own_cluster.password_file, own_cluster.home / "cdc.password"):
+        first = first_write(secret)
         assert first, f"{secret} was not written through a descriptor of its own"
-        assert (first[0].st_mode & 0o777, first[0].st_size) == (0o600, 0), secret
+        assert first[0][:2] == (0o600, 0), secret
         assert secret.stat().st_mode & 0o777 == 0o600
     server_uid = pwd.getpwnam("postgres").pw_uid if os.geteuid() == 0 else os.geteuid()
-    key = own_cluster.tls_files.server_key
-    first_of_key = [status for status in writes if status.st_ino == key.stat().st_ino]
-    assert [(s.st_mode & 0o777, s.st_size, s.st_uid) for s in first_of_key[:1]] == [
-        (0o600, 0, server_uid)
-    ], "the server's TLS key: 0600 and the server user's before its first byte"
-    inodes = {path.stat().st_ino for path in (*secrets, key)}
-    initdb_pwfile = [status for status in writes if status.st_ino not in inodes]
-    assert [(s.st_mode & 0o777, s.st_size, s.st_uid) for s in initdb_pwfile] == [
-        (0o600, 0, server_uid)
-    ], "initdb's password file: 0600 and the server user's before its first byte"
+    assert first_write(own_cluster.tls_files.server_key) == [(0o600, 0, server_uid)], (
+        "the server's TLS key: 0600 and the server user's before its first byte"
+    )
+    assert written_to(own_cluster.server_home / ".initdb-pwfile") == [(0o600, 0, server_uid)], (
+        "initdb's password file: 0600 and the server user's before its first byte"
+    )
     assert not list(own_cluster.server_home.glob(".initdb-pwfile*")), "removed after initdb"
 
 
