@@ -276,6 +276,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="writing time per rate")
     parser.add_argument("--drain-seconds", type=float, default=120.0, help="wait for the lake")
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--lake-log", help="keep the lake job's log (each batch's time per stage) in this file"
+    )
     arguments = parser.parse_args()
     rates = [None if rate == "max" else int(rate) for rate in arguments.rates]
     results = Results("pipeline", arguments.json)
@@ -383,6 +386,8 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             lake.kill()
             lake.wait(timeout=30)
+        if arguments.lake_log:
+            shutil.copyfile(work / "lake.log", arguments.lake_log)
         ConnectClient(connector.url).delete(connector.name)
         drop_slots(stack.postgres.conninfo("postgres"), [connector.slot_name])
         stack.postgres.drop_database(DATABASE)

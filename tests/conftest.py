@@ -10,10 +10,19 @@ the suite's services: all but the TCP proxy) fails collection with the fix to ma
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Every Spark driver the suite starts (the lake job's processes, the shared in-process session,
+# the demo's job) compiles with the JVM's first tier only: a driver here lives for seconds to a
+# few minutes and spends them warming up (a job's first batch takes about a third less time).
+# The suite's choice, not the job's: a lake job that runs for days wants the optimizing
+# compiler, and the benchmarks run without it. The variable reaches the driver's JVM through
+# `spark-submit` (which PySpark starts); a value the caller set is kept.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 pytest_plugins = [
     "tests.fix_postgres",

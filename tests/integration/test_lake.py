@@ -129,15 +129,15 @@ def test_events_land_exactly_once_with_typed_tables_and_quarantine(
 def test_a_killed_driver_resumes_without_loss_or_duplicate_and_new_topics_are_found(
     relay_bench: RelayBench, tmp_path: Path
 ) -> None:
-    """Malformed records lie between the events (50 after every 5,000), so batches on both
+    """Malformed records lie between the events (50 after every 3,000), so batches on both
     sides of the kill hold quarantine rows: after the restart each is in quarantine once."""
     prefix = f"k{uuid.uuid4().hex[:8]}"
     first_type, later_type = f"{prefix}a", f"{prefix}b"
-    backlog = [Event(first_type, str(n % 50), "Tick", {"n": n}) for n in range(10_000)]
+    backlog = [Event(first_type, str(n % 50), "Tick", {"n": n}) for n in range(6_000)]
     malformed = KafkaProducer(bootstrap_servers=relay_bench.kafka.bootstrap_servers, acks="all")
     bad_offsets = set()
-    for start in range(0, len(backlog), 5000):
-        publish(relay_bench, backlog[start : start + 5000])
+    for start in range(0, len(backlog), 3000):
+        publish(relay_bench, backlog[start : start + 3000])
         relay_all(relay_bench)
         for n in range(50):  # no headers, not JSON: each record goes to quarantine
             sent = malformed.send(topic_for(first_type), key=str(n).encode(), value=b"\xff{")
