@@ -24,10 +24,15 @@ _CHUNK = 65_536
 
 class TcpProxy:
     def __init__(
-        self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1"
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
     ) -> None:
         self._target = (target_host, target_port)
-        self._listener = socket.create_server((listen_host, 0))
+        self._listener = socket.create_server((listen_host, listen_port))
         self._listener.settimeout(0.1)
         self.port = int(self._listener.getsockname()[1])
         self._frozen = threading.Event()
@@ -117,12 +122,14 @@ def _close(end: socket.socket) -> None:
 
 @pytest.fixture
 def tcp_proxy() -> Iterator[Callable[..., TcpProxy]]:
-    """``tcp_proxy(host, port, listen_host=...)``: a proxy to that server, stopped at the end
-    of the test."""
+    """``tcp_proxy(host, port, listen_host=..., listen_port=...)``: a proxy to that server
+    (on a free port unless ``listen_port`` is given), stopped at the end of the test."""
     proxies: list[TcpProxy] = []
 
-    def make(host: str, port: int, *, listen_host: str = "127.0.0.1") -> TcpProxy:
-        proxy = TcpProxy(host, port, listen_host=listen_host)
+    def make(
+        host: str, port: int, *, listen_host: str = "127.0.0.1", listen_port: int = 0
+    ) -> TcpProxy:
+        proxy = TcpProxy(host, port, listen_host=listen_host, listen_port=listen_port)
         proxies.append(proxy)
         return proxy
 

@@ -40,7 +40,7 @@ from typing import Any
 from outbox.core.errors import DataLossError
 from outbox.kafka_clients import spark_options
 from outbox.settings import KafkaSettings, kafka_settings
-from outbox_lake.kafka_metadata import LAKE_CLIENT_ID, KafkaMetadata
+from outbox_lake.kafka_metadata import LAKE_CLIENT_ID, PATIENCE_SECONDS, KafkaMetadata
 from outbox_lake.metrics import LakeMetrics
 from outbox_lake.offsets import (
     BrokerPartition,
@@ -135,7 +135,7 @@ def kafka_options(settings: LakeSettings, kafka: KafkaSettings | str) -> dict[st
         "failOnDataLoss": str(settings.fail_on_data_loss).lower(),
         # A broker that does not answer for a while is waited for, not data loss.
         "kafka.request.timeout.ms": "30000",
-        "kafka.default.api.timeout.ms": "120000",
+        "kafka.default.api.timeout.ms": str(int(PATIENCE_SECONDS * 1000)),
     }
 
 
@@ -378,7 +378,8 @@ def run_ingest(
     lake.before_write = guard.before_batch
     server = _serve_metrics(settings, metrics)
     stop = _StopOnSignal()
-    lag = _Lag(KafkaMetadata(kafka, settings.topic_pattern), metrics)
+    # The lag metric never waits for the broker: it must not hold a stop request.
+    lag = _Lag(KafkaMetadata(kafka, settings.topic_pattern, patience_seconds=0), metrics)
     try:
         starting = guard.at_start()
         writer = (

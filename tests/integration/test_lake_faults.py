@@ -1,15 +1,18 @@
 """Spark's Kafka source under what stopped or fooled our own: a header name that is not UTF-8,
 transactions (commits, aborts, batches ending on a marker), a broker that stops answering for
-30 s under load. None may halt the lake or skip a record."""
+30 s under load, a broker that is not there yet when the job reads its metadata. None may halt
+the lake or skip a record."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,8 @@ from tests.fix_lake import (
     rows,
     send,
 )
+from tests.fix_postgres import free_port
+from tests.fix_proxy import TcpProxy
 from tests.fix_relay import wait_until
 from tests.fix_stack import KafkaServices
 
@@ -179,3 +184,50 @@ def test_a_broker_that_does_not_answer_for_30_s_under_load_is_waited_for(
     ids = [row["event_id"] for row in rows(root, "events")]
     assert len(ids) == len(set(ids)) == len(sent) + 1
     assert "data loss" not in log.read_text().lower()
+
+
+def test_the_job_s_metadata_reads_wait_for_a_broker_that_is_not_there_yet(
+    kafka_services: KafkaServices, tcp_proxy: Callable[..., TcpProxy]
+) -> None:
+    """The job reads the broker's metadata at its start and before each batch; a broker that
+    does not answer then (restarting, paused, registering again after a pause: seen in a chaos
+    run, where the restarted job stopped) is waited for, up to the patience Spark's own
+    consumers have, instead of stopping the job. Here the bootstrap address answers only
+    once the first read has failed and said it tries again."""
+    from outbox_lake.kafka_metadata import KafkaMetadata
+
+    prefix = f"m{uuid.uuid4().hex[:8]}"
+    send(kafka_services.bootstrap_servers, [(f"outbox.event.{prefix}a", b"k", b"{}", [])])
+    pattern = rf"^outbox\.event\.{prefix}"
+    expected = KafkaMetadata(kafka_services.bootstrap_servers, pattern).partitions()
+    assert expected, "the topic's partition"
+
+    port = free_port()  # nothing listens there yet
+    warnings: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    logger = logging.getLogger("outbox.lake.metadata")
+    logger.addHandler(handler)
+    found: list[Any] = []
+    reader = threading.Thread(
+        target=lambda: found.append(KafkaMetadata(f"127.0.0.1:{port}", pattern).partitions())
+    )
+    try:
+        reader.start()
+        wait_until(
+            lambda: any("trying again" in message for message in warnings),
+            timeout=90,
+            what="the first read failed and said it tries again",
+        )
+        assert reader.is_alive() and not found
+        host, broker_port = kafka_services.bootstrap_servers.rsplit(":", 1)
+        tcp_proxy(host, int(broker_port), listen_port=port)  # the broker answers from now on
+        reader.join(timeout=120)
+    finally:
+        logger.removeHandler(handler)
+    assert not reader.is_alive(), "still waiting after the broker answered"
+    assert found == [expected]
