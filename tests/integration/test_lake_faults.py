@@ -187,7 +187,9 @@ def test_a_broker_that_does_not_answer_for_30_s_under_load_is_waited_for(
 
 
 def test_the_job_s_metadata_reads_wait_for_a_broker_that_is_not_there_yet(
-    kafka_services: KafkaServices, tcp_proxy: Callable[..., TcpProxy]
+    kafka_services: KafkaServices,
+    tcp_proxy: Callable[..., TcpProxy],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The job reads the broker's metadata at its start and before each batch; a broker that
     does not answer then (restarting, paused, registering again after a pause: seen in a chaos
@@ -203,23 +205,14 @@ def test_the_job_s_metadata_reads_wait_for_a_broker_that_is_not_there_yet(
     assert expected, "the topic's partition"
 
     port = free_port()  # nothing listens there yet
-    warnings: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warnings.append(record.getMessage())
-
-    handler = Collect(logging.WARNING)
-    logger = logging.getLogger("outbox.lake.metadata")
-    logger.addHandler(handler)
     found: list[Any] = []
     reader = threading.Thread(
         target=lambda: found.append(KafkaMetadata(f"127.0.0.1:{port}", pattern).partitions())
     )
-    try:
+    with caplog.at_level(logging.WARNING, logger="outbox.lake.metadata"):
         reader.start()
         wait_until(
-            lambda: any("trying again" in message for message in warnings),
+            lambda: "trying again" in caplog.text,
             timeout=90,
             what="the first read failed and said it tries again",
         )
@@ -227,7 +220,5 @@ def test_the_job_s_metadata_reads_wait_for_a_broker_that_is_not_there_yet(
         host, broker_port = kafka_services.bootstrap_servers.rsplit(":", 1)
         tcp_proxy(host, int(broker_port), listen_port=port)  # the broker answers from now on
         reader.join(timeout=120)
-    finally:
-        logger.removeHandler(handler)
     assert not reader.is_alive(), "still waiting after the broker answered"
     assert found == [expected]
