@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/outbox demo
 
-## test: the whole test suite against real services started by the suite itself
+## test: the whole test suite against real services started by the suite itself, in
+## TEST_WORKERS processes (2; each with services of its own under .stack/gw<N>/)
 ## (PYTEST_ARGS narrows it, e.g. `make test PYTEST_ARGS=tests/unit`)
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 ## test-unit: only the tests that need no service (`-m "not integration"`: no PostgreSQL,
 ## broker or Connect is started; tests/conftest.py marks everything under tests/integration)

@@ -51,7 +51,37 @@ def service_fixtures_of(item: pytest.Item) -> list[str]:
     )
 
 
+LONGEST_MODULES = (
+    "test_lake_integrity.py",
+    "test_lake.py",
+    "test_lake_faults.py",
+    "test_broker_faults.py",
+    "test_lake_s3.py",
+    "test_lake_cluster.py",
+    "test_demo.py",
+    "test_wheel.py",
+    "test_relay_faults.py",
+    "test_effects_crash.py",
+    "test_kafka_security.py",
+    "test_reconcile.py",
+    "test_cdc_faults.py",
+    "test_stack.py",
+)
+"""The modules that take longest, longest first (their durations in a whole run, printed at
+its end): ``make test`` runs two pytest-xdist workers (``--dist loadscope``: a module runs
+on one worker, its module fixtures set up once), and each worker takes the next module in
+this order when it is free. The longest first, the many short ones last, so that both
+workers end at about the same time."""
+
+
+def _rank(item: pytest.Item) -> tuple[int, bool]:
+    name = item.path.name
+    longest = LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
+    return (longest, not item.path.is_relative_to(INTEGRATION))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: a module's tests keep their order
     misplaced = []
     for item in items:
         if item.path.is_relative_to(INTEGRATION):

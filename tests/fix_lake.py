@@ -81,6 +81,26 @@ def ingested_by_command(
     return done
 
 
+def refusal(env: dict[str, str], *, by_command: bool = False) -> str:
+    """The job's refusal to ingest what Kafka holds now, in the words ``outbox lake ingest``
+    stops with (its stop reason). In this process on the shared session, as
+    :func:`ingested` runs the job, unless ``by_command`` (or a setting of the Spark
+    session's own): then the command, which must exit 1 and say it in a line of its own."""
+    if not by_command and set(env) <= IN_PROCESS_SETTINGS:
+        from outbox_lake.stop_reason import stop_reason
+
+        try:
+            ran = ingest_in_process(env)
+        except Exception as error:
+            return stop_reason(str(error)) or f"{type(error).__name__}: {error}"
+        assert not ran, "the job ingested what it had to refuse"
+    done = ingest(env)
+    assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
+    said = [line for line in done.stderr.splitlines() if line.startswith("lake ingest stopped: ")]
+    assert said, done.stderr[-3000:]
+    return said[0]
+
+
 def ingest_in_process(env: dict[str, str]) -> bool:
     """Run the job here on the shared session; False (nothing run) for a lake that is not
     local (its store's settings are the Spark session's)."""

@@ -21,7 +21,7 @@ import pytest
 
 from outbox_stack.object_store import BUCKET, SeaweedStore
 from outbox_stack.settings import StackSettings
-from tests.fix_postgres import ROOT
+from tests.fix_postgres import ROOT, STACK_ROOT
 
 
 def free_object_store_port() -> int:
@@ -90,7 +90,7 @@ class ObjectStore:
 @pytest.fixture(scope="session")
 def object_store() -> Iterator[ObjectStore]:
     settings = StackSettings(
-        dir=ROOT / ".stack" / "test-s3",
+        dir=STACK_ROOT / "test-s3",
         object_store_port=free_object_store_port(),
         downloads=ROOT / ".cache" / "stack",
     )

@@ -3,10 +3,14 @@
 The suite runs its own cluster of the local stack (``.stack/test``, on a free loopback
 port), apart from the one ``outbox stack up`` runs for development, and stops it at the end.
 Tests only ever use databases they create themselves, named ``outbox_test_*``.
+
+Run by several pytest-xdist workers (``make test``), each worker has stacks of its own under
+``.stack/<worker>/`` (:data:`STACK_ROOT`).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -42,6 +46,9 @@ class ScratchDatabase:
 
 
 ROOT = Path(__file__).resolve().parents[1]
+STACK_ROOT = ROOT / ".stack" / os.environ.get("PYTEST_XDIST_WORKER", "")
+"""Where this test process keeps its stacks: ``.stack``, or ``.stack/gw0`` for the first of
+the pytest-xdist workers ``make test`` runs (one worker's services never meet another's)."""
 
 
 def free_port() -> int:
@@ -52,9 +59,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[PostgresCluster]:
-    cluster = PostgresCluster(
-        StackSettings(dir=ROOT / ".stack" / "test", postgres_port=free_port())
-    )
+    cluster = PostgresCluster(StackSettings(dir=STACK_ROOT / "test", postgres_port=free_port()))
     cluster.down()  # left running by an interrupted run, perhaps on another port
     cluster.up()
     yield cluster
