@@ -26,7 +26,7 @@ demo: $(STAMP)
 ## (PYTEST_ARGS narrows it, e.g. `make test PYTEST_ARGS=tests/unit`)
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## test-unit: only the tests that need no service (`-m "not integration"`: no PostgreSQL,
 ## broker or Connect is started; tests/conftest.py marks everything under tests/integration)
