@@ -70,8 +70,8 @@ LONGEST_MODULES = (
 """The modules that take longest, longest first (their durations in a whole run, printed at
 its end): ``make test`` runs two pytest-xdist workers (``--dist loadscope``: a module runs
 on one worker, its module fixtures set up once; ``--no-loadscope-reorder``: in this order,
-not by their number of tests), and each worker takes the next module when it is free. The longest first, the many short ones last, so that both
-workers end at about the same time."""
+not by their number of tests), and each worker takes the next module when it is free. The
+longest first, the many short ones last, so that both workers end at about the same time."""
 
 
 def _rank(item: pytest.Item) -> tuple[int, bool]:
