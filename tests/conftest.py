@@ -23,6 +23,9 @@ import pytest
 # compiler, and the benchmarks run without it. The variable reaches the driver's JVM through
 # `spark-submit` (which PySpark starts); a value the caller set is kept.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+# A server folder chosen for your own stack would be every test cluster's at once (each
+# worker's, and the clusters tests start of their own): they choose theirs.
+os.environ.pop("OUTBOX_STACK_POSTGRES_SERVER_DIR", None)
 
 pytest_plugins = [
     "tests.fix_postgres",

@@ -148,17 +148,31 @@ def _maven() -> str:
             "Connect, Debezium, Spark's Kafka source, Delta) from Maven Central: install "
             "it with `sudo apt-get install -y maven`"
         )
-    log.warning("installing maven with apt-get")
-    _apt_install("maven")
+    with _locked(APT_LOCK_DIR):
+        found = shutil.which("mvn")  # installed meanwhile by another of our processes
+        if found is not None:
+            return found
+        log.warning("installing maven with apt-get")
+        _apt_install("maven")
     found = shutil.which("mvn")
     if found is None:
         raise StackError("apt-get installed maven, but `mvn` is not on PATH")
     return found
 
 
+APT_LOCK_DIR = Path("/run/lock/outbox-stack")
+"""Our processes install system packages one at a time (``make test``'s two workers each
+start a stack at once): apt-get refuses to run beside another apt-get. Root only."""
+CREATECLUSTER_CONF = Path("/etc/postgresql-common/createcluster.conf")
+
+
 def _apt_install(package: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update"], ["apt-get", "install", "-y", package]):
+    wait = ["-o", "DPkg::Lock::Timeout=300"]  # for an apt-get not ours (unattended upgrades)
+    for command in (
+        ["apt-get", *wait, "update"],
+        ["apt-get", *wait, "install", "-y", package],
+    ):
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise StackError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
@@ -273,11 +287,14 @@ def ensure_postgres_binaries(bin_dir: Path) -> None:
             "missing): install it with `sudo apt-get install -y postgresql-15`, or set "
             "OUTBOX_STACK_POSTGRES_BIN to the folder of its binaries"
         )
-    log.warning("installing postgresql-15 with apt-get")
-    # Debian would otherwise create and start a system cluster on port 5432.
-    conf = Path("/etc/postgresql-common/createcluster.conf")
-    conf.parent.mkdir(parents=True, exist_ok=True)
-    if not conf.exists() or "create_main_cluster = false" not in conf.read_text():
-        with conf.open("a") as handle:
-            handle.write("\ncreate_main_cluster = false\n")
-    _apt_install("postgresql-15")
+    with _locked(APT_LOCK_DIR):
+        if (bin_dir / "initdb").exists():  # installed meanwhile by another of our processes
+            return
+        log.warning("installing postgresql-15 with apt-get")
+        # Debian would otherwise create and start a system cluster on port 5432.
+        conf = CREATECLUSTER_CONF
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        if not conf.exists() or "create_main_cluster = false" not in conf.read_text():
+            with conf.open("a") as handle:
+                handle.write("\ncreate_main_cluster = false\n")
+        _apt_install("postgresql-15")

@@ -7,7 +7,6 @@ in-process through Typer's runner (the same ``app`` the console script runs).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,14 +17,8 @@ from typer.testing import CliRunner
 from outbox_cli._common import friendly_errors, show_tracebacks
 from outbox_cli.main import app
 
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-CLOSED = _closed_port()  # nothing listens there once the probe is closed
+CLOSED = 1  # tcpmux: nothing listens on port 1 of loopback (a port drawn at collection time
+# could be another worker's service by the time these tests run)
 NO_DATABASE = {"OUTBOX_DATABASE_URL": f"postgresql+psycopg://u:s3cret-pw@127.0.0.1:{CLOSED}/x"}
 BAD_STACK = {"OUTBOX_STACK_POSTGRES_PORT": "80"}
 BAD_CONNECT = {"OUTBOX_CONNECT_URL": "ftp://connect"}
