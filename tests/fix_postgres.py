@@ -11,6 +11,7 @@ Run by several pytest-xdist workers (``make test``), each worker has stacks of i
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -51,10 +52,34 @@ STACK_ROOT = ROOT / ".stack" / os.environ.get("PYTEST_XDIST_WORKER", "")
 the pytest-xdist workers ``make test`` runs (one worker's services never meet another's)."""
 
 
+_WORKER = int("0" + "".join(filter(str.isdigit, os.environ.get("PYTEST_XDIST_WORKER", ""))))
+PORTS = range(23_000 + 1_750 * (_WORKER % 4), 23_000 + 1_750 * (_WORKER % 4 + 1))
+"""This test process's ports: below Linux's ephemeral range (32768 and up), where any
+client's connection may take a port between the moment it is found free and the moment a
+service binds it, and apart from the other workers' (and the object store's 20000-22764
+and 30000-32764)."""
+
+
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port of :data:`PORTS` free now, and not given before by this process (a
+    service is often started seconds after its port was drawn, beside the next draw)."""
+    if len(_given) > len(PORTS) // 2:
+        _given.clear()
+    for _ in range(500):
+        port = random.choice(PORTS)
+        if port in _given:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 @pytest.fixture(scope="session")
