@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import pytest
 
 from outbox_stack.object_store import BUCKET, SeaweedStore
 from outbox_stack.settings import StackSettings
-from tests.fix_postgres import ROOT, STACK_ROOT
+from tests.fix_postgres import ROOT, STACK_ROOT, all_free
 
 
 def free_object_store_port() -> int:
@@ -29,23 +28,9 @@ def free_object_store_port() -> int:
     Linux's ephemeral range (32768 and up), where a client's connection may take one."""
     for _ in range(200):
         base = random.randint(20000, 22760)
-        if _all_free([base + i + grpc for i in range(5) for grpc in (0, 10000)]):
+        if all_free([base + i + grpc for i in range(5) for grpc in (0, 10000)]):
             return base
     raise RuntimeError("no free block of ports for the object store")
-
-
-def _all_free(ports: list[int]) -> bool:
-    probes: list[socket.socket] = []
-    try:
-        for port in ports:
-            probes.append(socket.socket())
-            probes[-1].bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        for probe in probes:
-            probe.close()
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,21 @@ and 30000-32764)."""
 _given: set[int] = set()
 
 
+def all_free(ports: list[int]) -> bool:
+    """Whether every one of ``ports`` can be bound on loopback now."""
+    probes: list[socket.socket] = []
+    try:
+        for port in ports:
+            probes.append(socket.socket())
+            probes[-1].bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for probe in probes:
+            probe.close()
+
+
 def free_port() -> int:
     """A loopback port of :data:`PORTS` free now, and not given before by this process (a
     service is often started seconds after its port was drawn, beside the next draw)."""
@@ -70,13 +85,8 @@ def free_port() -> int:
         _given.clear()
     for _ in range(500):
         port = random.choice(PORTS)
-        if port in _given:
+        if port in _given or not all_free([port]):
             continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
         _given.add(port)
         return port
     raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
