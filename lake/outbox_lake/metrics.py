@@ -61,6 +61,11 @@ class LakeMetrics:
             "Copies of events already landed (or met twice in a batch), dropped.",
             registry=r,
         )
+        self.conflicting = Counter(
+            "outbox_lake_conflicting_copies",
+            "Copies of an event id with content other than the first copy's, set aside.",
+            registry=r,
+        )
         self.quarantined = Counter(
             "outbox_lake_quarantined",
             "Rows sent to quarantine, by kind (record: not a usable event; typed: a typed row).",
@@ -77,3 +82,12 @@ class LakeMetrics:
 
     def saw_events(self, newest_event_time: float) -> None:
         self.newest_event_time = max(self.newest_event_time, newest_event_time)
+
+    def batch_done(self, seconds: float, newest_event_time: float | None) -> None:
+        """A micro-batch of the Kafka query has landed."""
+        self.batches.inc()
+        self.completed_batches += 1
+        self.last_batch_time.set_to_current_time()
+        self.batch_seconds.observe(seconds)
+        if newest_event_time is not None:
+            self.saw_events(newest_event_time)

@@ -1,135 +1,127 @@
-"""Progress kept in the lake itself: the ``_progress`` table, one row per topic partition.
+"""How far the lake has read, kept in the ``events`` table's own commits.
 
-After each batch has landed in every table, the job records per partition the offset after
-its last record, the topic's Kafka id and a fingerprint of that last record
-(:mod:`outbox_lake.offsets`). It is never used to *skip* anything (every write is an
-insert-only merge keyed by the event id, so re-reading adds nothing); it serves to:
+Every commit the ingest job makes to ``events`` (one per micro-batch, empty or not) carries,
+in its commit info's ``userMetadata``, the lake's whole progress after that batch
+(:class:`LakeProgress`): per topic partition the offset after its last record, the topic's
+Kafka id and a fingerprint of that record (:mod:`outbox_lake.offsets`); and how far the typed
+tables have come (``typed_through``: the ``events`` version they hold every row of). The
+rows and the progress that names them are one atomic commit, as kafka-delta-ingest keeps its
+offsets in its Delta commits: no table to keep in step, no crash between the two.
 
-- start a query that has no checkpoint (deleted, renamed, or a lake written by an earlier
-  release) where the tables stand, with the data-loss checks of :mod:`outbox_lake.offsets`;
-- tell that a topic was replaced, or the broker is another one, before a batch is written;
+The progress is never used to *skip* anything (every write keeps only the event ids the
+table lacks); it serves to
+
+- start a query that has no checkpoint (deleted, renamed, moved aside) where the lake
+  stands, with the data-loss checks of :mod:`outbox_lake.offsets`;
+- tell, before a batch is written, that a topic was replaced or the broker is another one;
 - let readers (``outbox reconcile``, ``outbox lake tables``) see how far the lake has come:
-  whatever ``_progress`` says is in every table (it is written after them).
+  ``events`` at the version whose commit says so holds everything it names.
 
-An offset only moves forward, except for a topic whose id changed (read again from its
-start after a loss that was skipped). Lakes written by earlier releases kept their progress
-as Delta application transactions of the ``events`` table (``outbox-lake:<topic>:<part>``);
-:meth:`ProgressStore.read` falls back to them.
-
-Written by the driver with ``deltalake`` (a few rows per batch): on object storage a
-conditional write, like every commit of ``deltalake`` (:mod:`outbox_lake.storage`), and only
-ever by the one job of the lake root.
+The rule by which progress moves (:func:`advanced`) is pure. Lakes of earlier releases kept
+their progress elsewhere: :mod:`outbox_lake.upgrade` reads those.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from outbox_lake.offsets import Partition, Progress
-from outbox_lake.settings import LakeSettings
-from outbox_lake.storage import open_table, storage_options
-from outbox_lake.tables import EVENTS, PROGRESS_TABLE
 
-__all__ = ["APP_PREFIX", "ProgressStore", "app_id"]
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+__all__ = ["HISTORY_SEARCHED", "METADATA_KEY", "LakeProgress", "advanced", "latest_progress"]
 
 log = logging.getLogger("outbox.lake.progress")
 
-APP_PREFIX = "outbox-lake"
+METADATA_KEY = "outbox_lake_progress"
+"""The key that marks our ``userMetadata`` (a JSON object) in a commit of ``events``."""
+HISTORY_SEARCHED = 1_000
+"""How many of ``events``' latest commits are searched for the last progress (commits by
+``outbox lake maintain`` come between the job's; they are few)."""
 
 
-def app_id(topic: str, partition: int) -> str:
-    """The application transaction id earlier releases recorded progress under."""
-    return f"{APP_PREFIX}:{topic}:{partition}"
+@dataclass(frozen=True)
+class LakeProgress:
+    partitions: Mapping[Partition, Progress] = field(default_factory=dict)
+    typed_through: int | None = None
+    """The ``events`` version whose rows are all in the typed tables (None: none known)."""
 
-
-class ProgressStore:
-    def __init__(self, settings: LakeSettings) -> None:
-        self.settings = settings
-        self.uri = settings.table_uri(PROGRESS_TABLE.name)
-        self._known: dict[Partition, Progress] | None = None
-        self.topic_ids: dict[str, str | None] = {}
-        """The topics' ids now (set by the job's check before each batch)."""
-
-    def read(self, legacy_partitions: Iterable[Partition] = ()) -> dict[Partition, Progress]:
-        """Every partition's progress; for a lake of an earlier release (no ``_progress``),
-        the ``events`` table's application transactions of ``legacy_partitions``."""
-        table = open_table(self.settings, self.uri)
-        if table is None:
-            self._known = self._legacy(legacy_partitions)
-            return dict(self._known)
-        rows = table.to_pyarrow_table().to_pylist()
-        self._known = {
-            Partition(row["topic"], int(row["partition"])): Progress(
-                int(row["end_offset"]), row["topic_id"], row["last_record"]
-            )
-            for row in rows
-        }
-        return dict(self._known)
-
-    def _legacy(self, partitions: Iterable[Partition]) -> dict[Partition, Progress]:
-        events = open_table(self.settings, self.settings.table_uri(EVENTS))
-        if events is None:
-            return {}
-        found = {}
-        for where in partitions:
-            end = events.transaction_version(app_id(where.topic, where.partition))
-            if end is not None:
-                found[where] = Progress(int(end))
-        if found:
-            log.info("progress of %d partitions taken from an earlier release's lake", len(found))
-        return found
-
-    @property
-    def known(self) -> dict[Partition, Progress]:
-        if self._known is None:
-            self.read()
-        assert self._known is not None
-        return self._known
-
-    def advance(self, ends: Mapping[Partition, tuple[int, str | None]]) -> None:
-        """Record a landed batch's ends (never lowering an offset of the same topic)."""
-        known = dict(self.known)
-        changed = False
-        for where, (end, last) in ends.items():
-            before = known.get(where)
-            topic_id = self.topic_ids.get(where.topic, before.topic_id if before else None)
-            same_log = before is not None and before.topic_id in (None, topic_id)
-            if same_log and before is not None and before.end_offset >= end:
-                if before.topic_id is None and topic_id is not None:
-                    known[where] = Progress(before.end_offset, topic_id, before.last_record)
-                    changed = True
-                continue
-            known[where] = Progress(end, topic_id, last)
-            changed = True
-        if changed:
-            self.replace(known)
-
-    def forget_topic(self, topic: str, topic_id: str | None) -> None:
-        """A topic read again from its start (another log): its partitions start over."""
-        known = {where: p for where, p in self.known.items() if where.topic != topic}
-        self.topic_ids[topic] = topic_id
-        self.replace(known)
-
-    def replace(self, progress: Mapping[Partition, Progress]) -> None:
-        import pyarrow as pa
-        from deltalake import write_deltalake
-
-        now = datetime.now(UTC)
+    def to_metadata(self) -> str:
+        """The commit's ``userMetadata``: compact JSON, sorted (stable across runs)."""
         rows = [
-            {
-                "topic": where.topic,
-                "partition": where.partition,
-                "end_offset": p.end_offset,
-                "topic_id": p.topic_id,
-                "last_record": p.last_record,
-                "updated": now,
-            }
-            for where, p in sorted(progress.items())
+            [where.topic, where.partition, p.end_offset, p.topic_id, p.last_record]
+            for where, p in sorted(self.partitions.items())
         ]
-        table = pa.Table.from_pylist(rows, schema=PROGRESS_TABLE.arrow_schema())
-        write_deltalake(
-            self.uri, table, mode="overwrite", storage_options=storage_options(self.settings)
+        return json.dumps(
+            {METADATA_KEY: 1, "partitions": rows, "typed_through": self.typed_through},
+            separators=(",", ":"),
         )
-        self._known = dict(progress)
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> LakeProgress | None:
+        """The progress a commit's ``userMetadata`` holds; None when it is not ours."""
+        if not text or METADATA_KEY not in text:
+            return None
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get(METADATA_KEY) != 1:
+                return None
+            partitions = {
+                Partition(str(topic), int(number)): Progress(
+                    int(end), None if topic_id is None else str(topic_id), last
+                )
+                for topic, number, end, topic_id, last in data["partitions"]
+            }
+            typed = data.get("typed_through")
+            return cls(partitions, None if typed is None else int(typed))
+        except (ValueError, KeyError, TypeError):
+            log.warning("a commit of events holds progress that cannot be read: ignored")
+            return None
+
+
+def advanced(
+    known: Mapping[Partition, Progress],
+    ends: Mapping[Partition, tuple[int, str | None]],
+    topic_ids: Mapping[str, str | None],
+    *,
+    started_over: frozenset[str] = frozenset(),
+) -> dict[Partition, Progress]:
+    """The progress after a batch that read up to ``ends`` ({partition: (offset after its
+    last record, that record's fingerprint)}).
+
+    - An offset never moves back for the same log: a batch that re-read records (a replay,
+      a deleted checkpoint) leaves it where it was.
+    - A topic whose Kafka id is not the one progress holds is another log: its partitions
+      take the batch's ends, whatever they are.
+    - ``started_over``: topics the lake reads again from their start (a replaced topic,
+      data loss skipped on purpose): what progress held of them is dropped first.
+    - An id learned for a topic whose progress had none is kept.
+    """
+    result = {where: p for where, p in known.items() if where.topic not in started_over}
+    for where, (end, last) in ends.items():
+        before = result.get(where)
+        topic_id = topic_ids.get(where.topic, before.topic_id if before else None)
+        same_log = before is not None and before.topic_id in (None, topic_id)
+        if before is not None and same_log and before.end_offset >= end:
+            if before.topic_id is None and topic_id is not None:
+                result[where] = Progress(before.end_offset, topic_id, before.last_record)
+            continue
+        result[where] = Progress(end, topic_id, last)
+    return result
+
+
+def latest_progress(table: DeltaTable | None) -> LakeProgress | None:
+    """The progress of ``events``' latest commit that holds one (None: no such commit)."""
+    if table is None:
+        return None
+    commits: list[dict[str, Any]] = table.history(HISTORY_SEARCHED)
+    for commit in commits:  # newest first
+        found = LakeProgress.from_metadata(commit.get("userMetadata"))
+        if found is not None:
+            return found
+    return None

@@ -1,11 +1,11 @@
-"""From a Kafka record to a lake row, or to quarantine with a reason. (Pure: no Spark, no I/O.)
+"""From a Kafka record to a lake row, or to quarantine with a reason: the Python contract.
+(Pure: no Spark, no I/O.)
 
-Spark runs :func:`parse_batch` on its executors (``mapInArrow`` over the rows of Spark's
-Kafka source), so parsing and validation happen in parallel and the driver sees no row.
-Beside each row it gives what the batch's later steps need without a second look at the
-bytes: the payload's top-level fields and their kinds (which columns a typed table needs,
-:func:`outbox_lake.typed_rows.payload_columns`), a fingerprint of the record (the lake's
-progress, :mod:`outbox_lake.offsets`) and the quarantine id of a record set aside.
+The JVM decides every record the delivery paths write (:mod:`outbox_lake.spark_contract`);
+Spark runs :func:`parse_batch` on its executors (``mapInArrow``) over the records it left
+undecided, and only those: each becomes an event row or a quarantine row with its reason
+and its quarantine id, by :func:`outbox.core.contract.parse_record`, the one definition of
+the contract.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from typing import Any
 
 from outbox.core.contract import ContractViolation, event_id_of, parse_record
 from outbox.core.text import MAX_REASON_CHARS, storable_text
-from outbox_lake.offsets import fingerprint
-from outbox_lake.typed_rows import payload_columns
 
 __all__ = [
     "EVENT_COLUMNS",
+    "FALLBACK_SCHEMA",
     "RAW_COLUMNS",
     "event_time_of",
     "parse_batch",
@@ -56,13 +55,13 @@ EVENT_COLUMNS = (
     "offset",
 )
 
-PARSED_SCHEMA = (
+FALLBACK_SCHEMA = (
     "kind string, event_id string, aggregate_type string, aggregate_id string, "
     "event_type string, payload string, headers string, traceparent string, position long, "
     "event_time timestamp, event_date date, topic string, partition int, offset long, "
-    "raw_key binary, raw_value binary, reason string, "
-    "fields array<struct<name:string,kind:string>>, fingerprint string, quarantine_id string"
+    "raw_key binary, raw_value binary, reason string, quarantine_id string"
 )
+"""What :func:`parse_batch` gives for each record (``headers``: the event's JSON text)."""
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -142,7 +141,7 @@ def _event_id_or_none(headers: Sequence[tuple[str, bytes | None]]) -> str | None
 
 
 def parsed_arrow_schema() -> Any:
-    """:data:`PARSED_SCHEMA` as an Arrow schema (the lake tables take their columns from it)."""
+    """:data:`FALLBACK_SCHEMA` as an Arrow schema."""
     import pyarrow as pa
 
     return pa.schema(
@@ -164,11 +163,6 @@ def parsed_arrow_schema() -> Any:
             ("raw_key", pa.binary()),
             ("raw_value", pa.binary()),
             ("reason", pa.string()),
-            (
-                "fields",
-                pa.list_(pa.struct([("name", pa.string()), ("kind", pa.string())])),
-            ),
-            ("fingerprint", pa.string()),
             ("quarantine_id", pa.string()),
         ]
     )
@@ -184,22 +178,14 @@ def record_quarantine_id(
     return f"{topic}:{partition}:{offset}:{digest.hexdigest()[:32]}"
 
 
-def _timestamp_ms(moment: Any) -> int:
-    try:
-        return int(moment.timestamp() * 1000)
-    except Exception:  # a timestamp Python cannot hold: the fingerprint still tells content
-        return 0
-
-
 def parse_raw(record: dict[str, Any]) -> dict[str, Any]:
     """One row of Spark's Kafka source (``key``, ``value``, ``topic``, ``partition``,
-    ``offset``, ``timestamp``, ``headers``) as a parsed row with its fingerprint and (when set
-    aside) quarantine id; :func:`with_fields` adds an event's payload fields. Never raises."""
+    ``offset``, ``timestamp``, ``headers``) as a parsed row with (when set aside) its
+    quarantine id. Never raises."""
     headers = [(h["key"], h["value"]) for h in (record["headers"] or [])]
     topic, partition, offset = record["topic"], record["partition"], record["offset"]
     key, value = record["key"], record["value"]
     row = parse_one(topic, partition, offset, key, value, headers)
-    row["fingerprint"] = fingerprint(_timestamp_ms(record["timestamp"]), key, value, headers)
     if row["kind"] != "event":
         row["quarantine_id"] = record_quarantine_id(topic, partition, offset, key, value)
     return row
@@ -231,21 +217,11 @@ TYPING_RECURSION_LIMIT = 1000
 """A payload is typed up to about this depth (deeper: its typed row is set aside)."""
 
 
-def with_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """An event row with the payload fields (name, kind) it would bring to a typed table."""
-    if row["kind"] == "event":
-        columns = payload_columns(row["payload"]) or ()
-        row["fields"] = [{"name": name, "kind": kind} for name, kind in columns]
-    return row
-
-
 def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
     """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out."""
     for batch in batches:
         with recursion_limit(PARSE_RECURSION_LIMIT):
             rows = [parse_raw(record) for record in batch.to_pylist()]
-        with recursion_limit(TYPING_RECURSION_LIMIT):  # as the typing itself will
-            rows = [with_fields(row) for row in rows]
         yield parsed_record_batch(rows)
 
 
@@ -268,7 +244,7 @@ def _arrow_safe(row: dict[str, Any], schema: Any) -> dict[str, Any]:
         pa.RecordBatch.from_pylist([row], schema=schema)
         return row
     except (pa.ArrowException, ValueError, TypeError, OverflowError) as error:
-        keep = ("topic", "partition", "offset", "raw_key", "raw_value", "event_id", "fingerprint")
+        keep = ("topic", "partition", "offset", "raw_key", "raw_value", "event_id")
         kept = {name: row.get(name) for name in keep}
         return {
             **kept,

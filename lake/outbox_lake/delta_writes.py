@@ -1,0 +1,230 @@
+"""The one way the job writes a lake table: an append of the rows whose key the table lacks.
+
+Both queries write this way (``events`` and ``quarantine`` from the Kafka query, the typed
+tables and ``quarantine`` from the typed query). A key the table has already (a copy read
+again after a crash, a deleted checkpoint, a second delivery path) is left out by one
+left-anti join against the table, read only where the batch's keys can be: each event id
+range of the batch (UUIDv7 ids are time-ordered, so Delta's file statistics on
+``event_id`` prune every file whose range does not meet one) within its days (the
+``event_date`` partitions). Then one append: a single Delta commit, with the options given
+(``userMetadata`` carries the lake's progress on ``events``).
+
+The job is the one writer of its lake root (docs/production.md): the anti-join reads the
+table as the previous commit of this writer left it.
+
+Tables are created by ``deltalake`` (protocol 1/2, no table feature: every reader reads
+them; a typed table records its aggregate type as the Delta metadata name).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import date
+from typing import TYPE_CHECKING, Any
+
+from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import is_table, open_table, storage_options
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["IdRange", "absent_rows", "append", "create_table", "id_ranges", "within"]
+
+log = logging.getLogger("outbox.lake.writes")
+
+TABLE_PROPERTIES = {
+    "delta.checkpointInterval": "100",
+    "delta.dataSkippingStatsColumns": "event_id,event_time,position",
+}
+"""Every table's properties: a Delta checkpoint every 100 commits (not 10: with a one-second
+trigger, one every ten seconds), and file statistics on the columns reads are bounded by
+(``event_id`` above all: the dedup's reads are pruned by it), not on every column
+(statistics on payloads cost each write and serve no read)."""
+
+MAX_RANGES = 64
+"""At most this many id ranges bound a read; more are merged (a wider read, never a miss)."""
+
+
+@dataclass(frozen=True, order=True)
+class IdRange:
+    """Event ids of one day between two bounds (both included)."""
+
+    day: date
+    low: str
+    high: str
+
+
+def id_ranges(found: Iterable[IdRange], limit: int = MAX_RANGES) -> list[IdRange]:
+    """The ranges, sorted, with overlapping ones of a day merged, and neighbours merged
+    until at most ``limit`` remain (pure)."""
+    merged: list[IdRange] = []
+    for item in sorted(found):
+        last = merged[-1] if merged else None
+        if last is not None and last.day == item.day and item.low <= last.high:
+            merged[-1] = IdRange(last.day, last.low, max(last.high, item.high))
+        else:
+            merged.append(item)
+    while len(merged) > limit:
+        # merge the two neighbours of one day closest together (by their first characters)
+        pairs = [
+            (i, _gap(merged[i], merged[i + 1]))
+            for i in range(len(merged) - 1)
+            if merged[i].day == merged[i + 1].day
+        ]
+        if not pairs:
+            break
+        i = min(pairs, key=lambda pair: pair[1])[0]
+        merged[i : i + 2] = [IdRange(merged[i].day, merged[i].low, merged[i + 1].high)]
+    return merged
+
+
+def _gap(a: IdRange, b: IdRange) -> int:
+    return int(b.low[:8], 16) - int(a.high[:8], 16) if _hex8(a.high) and _hex8(b.low) else 0
+
+
+def _hex8(text: str) -> bool:
+    return len(text) >= 8 and all(c in "0123456789abcdef" for c in text[:8])
+
+
+def within(ranges: Iterable[IdRange]) -> Column | None:
+    """A filter on ``event_date`` and ``event_id`` that only rows in ``ranges`` pass (None:
+    no range, nothing to read)."""
+    from pyspark.sql import functions as f
+
+    condition = None
+    for item in ranges:
+        part = (
+            (f.col("event_date") == f.lit(item.day))
+            & (f.col("event_id") >= f.lit(item.low))
+            & (f.col("event_id") <= f.lit(item.high))
+        )
+        condition = part if condition is None else condition | part
+    return condition
+
+
+def files_within(table: DeltaTable, ranges: Iterable[IdRange]) -> list[str]:
+    """The table's data files that may hold an id of ``ranges``, by their day (partition)
+    and their ``event_id`` statistics (a file without statistics may hold any)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    low, high = actions.column("min.event_id"), actions.column("max.event_id")
+    unknown = pc.or_(pc.is_null(low), pc.is_null(high))
+    day = actions.column("partition.event_date")
+    keep = None
+    for item in ranges:
+        meets = pc.and_(
+            pc.equal(day, pa.scalar(item.day, pa.date32())),
+            pc.or_kleene(
+                unknown,
+                pc.and_(pc.less_equal(low, item.high), pc.greater_equal(high, item.low)),
+            ),
+        )
+        keep = meets if keep is None else pc.or_(keep, meets)
+    if keep is None:
+        return []
+    return [str(path) for path in actions.filter(keep).column("path").to_pylist()]
+
+
+def rows_within(
+    settings: LakeSettings,
+    table: DeltaTable,
+    uri: str,
+    ranges: list[IdRange],
+    columns: list[str],
+) -> Any:
+    """The table's rows whose event id is in ``ranges`` (an Arrow table of ``columns``),
+    read on the driver from the few files that may hold one."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from deltalake.fs import DeltaStorageHandler
+    from pyarrow.fs import PyFileSystem
+
+    paths = files_within(table, ranges)
+    schema = pa.schema(table.schema().to_arrow())
+    wanted = pa.schema([schema.field(name) for name in columns if name != "event_date"])
+    if not paths:
+        return wanted.empty_table()
+    filesystem = PyFileSystem(DeltaStorageHandler(uri, storage_options(settings)))
+    dataset = ds.dataset(paths, schema=wanted, format="parquet", filesystem=filesystem)
+    condition = None
+    for item in ranges:
+        part = (ds.field("event_id") >= item.low) & (ds.field("event_id") <= item.high)
+        condition = part if condition is None else condition | part
+    return dataset.to_table(filter=condition)
+
+
+def absent_rows(
+    spark: SparkSession,
+    uri: str,
+    rows: DataFrame,
+    key: str,
+    where: Column | None,
+) -> DataFrame:
+    """``rows`` whose ``key`` the table at ``uri`` lacks, reading the table only ``where``
+    (None: all of it, for a small table)."""
+    from pyspark.sql import functions as f
+
+    existing = spark.read.format("delta").load(uri)
+    if where is not None:
+        existing = existing.where(where)
+    return rows.join(f.broadcast(existing.select(key)), key, "left_anti")
+
+
+def append(rows: DataFrame, uri: str, options: Mapping[str, str] | None = None) -> None:
+    """One Delta commit adding ``rows`` to the table at ``uri`` (empty: a commit all the
+    same, which carries ``options`` such as ``userMetadata``)."""
+    writer = rows.write.format("delta").mode("append")
+    for name, value in (options or {}).items():
+        writer = writer.option(name, value)
+    writer.save(uri)
+
+
+def create_table(
+    settings: LakeSettings, uri: str, schema: Any, *, by_day: bool, owner: str | None
+) -> None:
+    """Create an empty table unless it exists (``deltalake``: reader 1 / writer 2, no table
+    feature; on object storage a conditional write of version 0, before Spark's writer ever
+    touches the table)."""
+    from deltalake import DeltaTable
+
+    if is_table(settings, uri):
+        return
+    try:
+        DeltaTable.create(
+            uri,
+            schema=schema,
+            partition_by=["event_date"] if by_day else None,
+            name=owner,
+            mode="ignore",
+            configuration=dict(TABLE_PROPERTIES),
+            storage_options=storage_options(settings),
+        )
+    except Exception as error:
+        if not is_table(settings, uri):
+            raise
+        log.info("table %s created meanwhile: %s", uri, error)
+
+
+def table_owner_and_columns(
+    settings: LakeSettings, uri: str, base: Iterable[str], kinds: Mapping[str, str]
+) -> tuple[str | None, dict[str, str]]:
+    """(the table's metadata name, its columns beyond ``base``: name → kind, by ``kinds``
+    of Delta's type names, ``string`` otherwise); (None, {}) when there is no table yet."""
+    table = open_table(settings, uri)
+    if table is None:
+        return None, {}
+    skip = set(base)
+    columns: dict[str, str] = {}
+    for column in table.schema().fields:
+        if column.name in skip:
+            continue
+        kind = getattr(column.type, "type", None)
+        columns[column.name] = kinds.get(str(kind), "string")
+    return table.metadata().name or "", columns

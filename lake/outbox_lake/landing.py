@@ -1,0 +1,478 @@
+"""The freshness path: one micro-batch of Spark's Kafka source into ``events``, in one commit.
+
+For each micro-batch (``foreachBatch(frame, batch_id)``):
+
+1. the JVM reads the contract (:func:`outbox_lake.spark_contract.read_contract`): every
+   record the delivery paths write is decided there with Spark's built-in functions; the
+   few it cannot decide go, alone, to the Python contract, which makes each an event or a
+   quarantine row with its reason. Nothing a record holds can fail the batch;
+2. the driver learns the batch's shape only (:class:`BatchShape`: per partition its offsets
+   and last record, per day the event-id ranges), and the caller's check
+   (:class:`outbox_lake.guard.LogGuard`) may refuse the batch before anything is written;
+3. **dedup by event id, no MERGE**: of the copies of an event in the batch the one with the
+   lowest (topic, partition, offset) is the first; one left join against ``events``, read
+   only within the batch's id ranges, finds copies already landed. A copy whose content
+   (aggregate, type, payload, headers, trace, position) equals the first is a duplicate,
+   dropped and counted; one whose content differs is a *conflicting copy*: never a
+   duplicate, it goes to ``quarantine`` with the reason, naming where the first copy is;
+4. ``quarantine`` gets its rows (records no event can be made of, conflicting copies), when
+   there are any: before ``events``, so the commit that names a batch's offsets comes last;
+5. ``events`` gets the new events in **one append**, whose commit also carries the lake's
+   progress after the batch (:mod:`outbox_lake.progress`). A batch with no new event
+   commits all the same: the progress moves.
+
+Re-reading any range, for any reason, adds nothing and skips nothing: a replayed batch finds
+its events already in the table. Typed tables are not on this path (:mod:`outbox_lake.typed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from outbox_lake.delta_writes import (
+    IdRange,
+    absent_rows,
+    append,
+    create_table,
+    id_ranges,
+    rows_within,
+)
+from outbox_lake.metrics import LakeMetrics
+from outbox_lake.offsets import Partition, fingerprint
+from outbox_lake.progress import LakeProgress, advanced
+from outbox_lake.records import FALLBACK_SCHEMA, parse_batch
+from outbox_lake.settings import LakeSettings
+from outbox_lake.spark_contract import RAW_FIELDS, read_contract
+from outbox_lake.storage import open_table
+from outbox_lake.tables import EVENTS_TABLE, QUARANTINE_TABLE
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["BatchShape", "EventsSink", "content_digest", "quarantine_id"]
+
+log = logging.getLogger("outbox.lake.landing")
+
+_CONTENT = (
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "payload",
+    "headers",
+    "traceparent",
+    "position",
+)
+"""What two copies of one event must share to be the same event (the record's content;
+where it was read is not content)."""
+
+
+@dataclass
+class BatchShape:
+    """What the driver knows of a batch: no row, only its shape."""
+
+    ends: dict[Partition, tuple[int, str | None]] = field(default_factory=dict)
+    """{partition: (offset after its last record, that record's fingerprint)}"""
+    starts: dict[Partition, int] = field(default_factory=dict)
+    """{partition: its first record's offset in the batch}"""
+    records: int = 0
+    undecided: int = 0
+    events: int = 0
+    """Records the JVM decided (events, before dedup)."""
+    repeated: int = 0
+    """Decided records whose event id another decided record of the batch also has."""
+    ranges: list[IdRange] = field(default_factory=list)
+    newest_event_time: float | None = None
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted({where.topic for where in self.ends})
+
+
+def content_digest() -> Column:
+    """SHA-256 of an event's content columns, each length-prefixed (no two contents alike)."""
+    from pyspark.sql import functions as f
+
+    parts = []
+    for name in _CONTENT:
+        text = f.col(name).cast("string")
+        parts.append(f.coalesce(f.length(text).cast("string"), f.lit("-")))
+        parts.append(f.coalesce(text, f.lit("")))
+    return f.sha2(f.concat_ws(":", *parts), 256)
+
+
+def quarantine_id() -> Column:
+    """:func:`outbox_lake.records.record_quarantine_id` in Spark's functions (the same
+    text: the record's coordinates and a digest of its key and value bytes)."""
+    from pyspark.sql import functions as f
+
+    def framed(column: str) -> Column:
+        length = f.encode(f.concat(f.lit("+"), f.length(column).cast("string"), f.lit(":")), "UTF-8")
+        return f.when(f.col(column).isNull(), f.lit(b"-")).otherwise(f.concat(length, column))
+
+    digest = f.sha2(f.concat(framed("key"), framed("value")), 256)
+    return f.concat_ws(
+        ":", "topic", f.col("partition").cast("string"), f.col("offset").cast("string"),
+        f.substring(digest, 1, 32),
+    )
+
+
+class EventsSink:
+    """``foreachBatch`` body of the Kafka query: each micro-batch into ``events`` (and
+    ``quarantine``), exactly once.
+
+    ``check``: called with the batch's shape before anything is written; it returns the
+    topics' ids now, or raises to refuse the batch. ``typed_through``: how far the typed
+    tables have come, recorded with the progress. ``started_over``: topics read again from
+    their start, whose earlier progress the first commit drops.
+    """
+
+    def __init__(
+        self,
+        settings: LakeSettings,
+        progress: LakeProgress,
+        metrics: LakeMetrics,
+        check: Callable[[BatchShape, LakeProgress], Mapping[str, str | None]],
+        typed_through: Callable[[], int | None] = lambda: None,
+        started_over: frozenset[str] = frozenset(),
+    ) -> None:
+        self.settings = settings
+        self.progress = progress
+        self.metrics = metrics
+        self.check = check
+        self.typed_through = typed_through
+        self.started_over = started_over
+        self.events_uri = settings.table_uri(EVENTS_TABLE.name)
+        self.quarantine_uri = settings.table_uri(QUARANTINE_TABLE.name)
+        self._events: DeltaTable | None = None
+
+    def create_tables(self) -> None:
+        """``events`` and ``quarantine``, empty, before the first batch (every documented
+        query runs on a new lake)."""
+        for table, uri in ((EVENTS_TABLE, self.events_uri), (QUARANTINE_TABLE, self.quarantine_uri)):
+            create_table(self.settings, uri, table.arrow_schema(), by_day=table.by_day, owner=None)
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        self.timings: dict[str, float] = {}
+        with self._timed("plan"):
+            read = read_contract(frame.select(*RAW_FIELDS)).persist()
+        try:
+            with self._timed("shape"):
+                shape = batch_shape(read)
+            if not shape.ends:
+                return
+            with self._timed("check"):
+                topic_ids = self.check(shape, self.progress)
+            counts = self._write(frame.sparkSession, read, shape, topic_ids)
+        finally:
+            with self._timed("unpersist"):
+                read.unpersist()
+        took = time.monotonic() - started
+        self.metrics.batch_done(took, shape.newest_event_time)
+        self.metrics.events.inc(counts.get("new", 0))
+        self.metrics.duplicates.inc(counts.get("duplicate", 0))
+        self.metrics.conflicting.inc(counts.get("conflicting", 0))
+        self.metrics.quarantined.labels("record").inc(counts.get("record", 0))
+        log.info(
+            "batch %d: %d records, %d events landed, %d duplicates, %d conflicting, "
+            "%d set aside, %.2f s (%s)",
+            batch_id,
+            shape.records,
+            counts.get("new", 0),
+            counts.get("duplicate", 0),
+            counts.get("conflicting", 0),
+            counts.get("record", 0),
+            took,
+            ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.timings.items()),
+        )
+
+    @contextlib.contextmanager
+    def _timed(self, stage: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - started
+            self.timings[stage] = self.timings.get(stage, 0.0) + took
+            self.metrics.stage_seconds.labels(stage).observe(took)
+
+    def _write(
+        self,
+        spark: SparkSession,
+        read: DataFrame,
+        shape: BatchShape,
+        topic_ids: Mapping[str, str | None],
+    ) -> dict[str, int]:
+        """Quarantine first (when anything is set aside), then the batch's new events and
+        the progress in one commit to ``events``; the counts of each class of record."""
+        from pyspark.sql import functions as f
+
+        events = decided_events(read)
+        aside = None
+        slow = None
+        ranges = list(shape.ranges)
+        if shape.undecided:
+            slow = undecided_rows(read).persist()
+            ranges = id_ranges([*ranges, *_slow_ranges(slow)])
+            events = events.unionByName(slow.where("kind = 'event'").select(*_EVENT_SELECT))
+            aside = slow.where("kind = 'quarantine'").select(
+                "quarantine_id", f.lit(EVENTS_TABLE.name).alias("target_table"), "topic",
+                "partition", "offset", "key", "value", "event_id", "reason",
+            )
+        classified: DataFrame | None = None
+        try:
+            with self._timed("landed"):
+                landed = self._landed(ranges)
+                met = landed.num_rows > 0 and bool(
+                    events.where(f.col("event_id").isin(landed.column("event_id").to_pylist()))
+                    .limit(1)
+                    .count()
+                )
+            if slow is None and not shape.repeated and not met:
+                # the common case: every event of the batch is new
+                counts = {"new": shape.events}
+                new = events
+            else:
+                with self._timed("dedup"):
+                    classified = classify(spark, events, landed).persist()
+                    counts = {
+                        row["class"]: int(row["count"])
+                        for row in classified.groupBy("class").count().collect()
+                    }
+                new = classified.where("class = 'new'")
+                if slow is not None:
+                    counts["record"] = int(slow.where("kind = 'quarantine'").count())
+                if counts.get("conflicting", 0) or counts.get("record", 0):
+                    rows = conflicting_copies(classified)
+                    if aside is not None:
+                        rows = aside.unionByName(rows)
+                    with self._timed("quarantine"):
+                        self._quarantine(spark, rows)
+            after = LakeProgress(
+                advanced(
+                    self.progress.partitions,
+                    shape.ends,
+                    topic_ids,
+                    started_over=self.started_over,
+                ),
+                self.typed_through(),
+            )
+            with self._timed("events"):
+                append(
+                    new.withColumn("ingest_time", f.current_timestamp()).select(
+                        *EVENTS_TABLE.names
+                    ),
+                    self.events_uri,
+                    {"userMetadata": after.to_metadata()},
+                )
+            self.progress = after
+            self.started_over = frozenset()
+        finally:
+            if classified is not None:
+                classified.unpersist()
+            if slow is not None:
+                slow.unpersist()
+        return counts
+
+    def _landed(self, ranges: list[IdRange]) -> Any:
+        """``events``' rows in ``ranges``, read on the driver (``deltalake``, the table's
+        latest version: this job's last commit included)."""
+        if self._events is None:
+            self._events = open_table(self.settings, self.events_uri)
+        else:
+            self._events.update_incremental()
+        assert self._events is not None  # created before the first batch
+        return rows_within(self.settings, self._events, self.events_uri, ranges, list(_LANDED))
+
+    def _quarantine(self, spark: SparkSession, rows: DataFrame) -> None:
+        from pyspark.sql import functions as f
+
+        absent = absent_rows(spark, self.quarantine_uri, rows, "quarantine_id", None)
+        append(
+            absent.withColumn("ingest_time", f.current_timestamp()).select(*QUARANTINE_TABLE.names),
+            self.quarantine_uri,
+        )
+
+
+_EVENT_SELECT = (
+    "event_id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "payload",
+    "headers",
+    "traceparent",
+    "position",
+    "event_time",
+    "event_date",
+    "topic",
+    "partition",
+    "offset",
+    "key",
+)
+
+
+def decided_events(read: DataFrame) -> DataFrame:
+    """The events the JVM decided, in the columns of :data:`_EVENT_SELECT`."""
+    from pyspark.sql import functions as f
+
+    columns = [f.col("headers_text" if name == "headers" else name).alias(name) for name in _EVENT_SELECT]
+    return read.where("decided").select(*columns)
+
+
+_LANDED = ("event_id", *_CONTENT, "topic", "partition", "offset")
+
+
+def classify(spark: SparkSession, events: DataFrame, landed: Any) -> DataFrame:
+    """``events`` with ``class``: ``new`` (the first copy, not in the table), ``duplicate``
+    (the same content as the first copy, in the batch or the table) or ``conflicting``
+    (another content), and ``first_at`` (where the first copy was read). ``landed``: the
+    table's rows in the batch's id ranges (an Arrow table of :data:`_LANDED`)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as f
+
+    by_id = Window.partitionBy("event_id").orderBy("topic", "partition", "offset")
+    where_read = f.concat_ws(
+        "", "topic", f.lit("["), f.col("partition").cast("string"), f.lit("]@"),
+        f.col("offset").cast("string"),
+    )
+    ranked = (
+        events.withColumn("digest", content_digest())
+        .withColumn("n", f.row_number().over(by_id))
+        .withColumn("first_digest", f.first("digest").over(by_id))
+        .withColumn("first_at", f.first(where_read).over(by_id))
+    )
+    if landed.num_rows == 0:
+        return ranked.withColumn(
+            "class",
+            f.when(f.col("n") == 1, "new")
+            .when(f.col("digest") == f.col("first_digest"), "duplicate")
+            .otherwise("conflicting"),
+        )
+    table = spark.createDataFrame(landed).select(
+        "event_id",
+        content_digest().alias("landed_digest"),
+        where_read.alias("landed_at"),
+    )
+    joined = ranked.join(f.broadcast(table), "event_id", "left")
+    first = f.coalesce(f.col("landed_digest"), f.col("first_digest"))
+    return joined.withColumn(
+        "class",
+        f.when(f.col("landed_digest").isNull() & (f.col("n") == 1), "new")
+        .when(f.col("digest") == first, "duplicate")
+        .otherwise("conflicting"),
+    ).withColumn("first_at", f.coalesce("landed_at", "first_at"))
+
+
+def conflicting_copies(classified: DataFrame) -> DataFrame:
+    """The conflicting copies of a classified batch as quarantine rows, with the reason."""
+    from pyspark.sql import functions as f
+
+    return (
+        classified.where("class = 'conflicting'")
+        .withColumn("value", f.encode("payload", "UTF-8"))
+        .select(
+            quarantine_id().alias("quarantine_id"),
+            f.lit(EVENTS_TABLE.name).alias("target_table"),
+            "topic",
+            "partition",
+            "offset",
+            "key",
+            "value",
+            "event_id",
+            f.concat(
+                f.lit("conflicting copy: another copy of event "),
+                "event_id",
+                f.lit(" with different content is in the lake (first read at "),
+                "first_at",
+                f.lit(
+                    "): this copy is set aside, not landed; a publisher may have reused or "
+                    "forged the id"
+                ),
+            ).alias("reason"),
+        )
+    )
+
+
+def undecided_rows(read: DataFrame) -> DataFrame:
+    """The records the JVM did not decide, through the Python contract (on the executors)."""
+    return (
+        read.where("NOT decided")
+        .select(*RAW_FIELDS)
+        .mapInArrow(parse_batch, FALLBACK_SCHEMA)
+        .withColumnRenamed("raw_key", "key")
+        .withColumnRenamed("raw_value", "value")
+    )
+
+
+def _slow_ranges(slow: DataFrame) -> list[IdRange]:
+    from pyspark.sql import functions as f
+
+    rows = (
+        slow.where("kind = 'event'")
+        .groupBy("event_date", f.substring("event_id", 1, 8).alias("bucket"))
+        .agg(f.min("event_id").alias("low"), f.max("event_id").alias("high"))
+        .collect()
+    )
+    return [IdRange(row["event_date"], row["low"], row["high"]) for row in rows]
+
+
+def batch_shape(read: DataFrame) -> BatchShape:
+    """Two small aggregates over the read batch (no row reaches the driver)."""
+    from pyspark.sql import functions as f
+
+    shape = BatchShape()
+    last = f.struct("timestamp", "key", "value", "headers")
+    for row in (
+        read.groupBy("topic", "partition")
+        .agg(
+            f.max("offset").alias("last"),
+            f.min("offset").alias("first"),
+            f.max_by(last, "offset").alias("record"),
+            f.count(f.lit(1)).alias("records"),
+            f.count_if(~f.col("decided")).alias("undecided"),
+        )
+        .collect()
+    ):
+        where = Partition(row["topic"], int(row["partition"]))
+        record = row["record"]
+        headers = [(h["key"], h["value"]) for h in record["headers"] or []]
+        stamp = _timestamp_ms(record["timestamp"])
+        shape.ends[where] = (int(row["last"]) + 1, fingerprint(stamp, record["key"], record["value"], headers))
+        shape.starts[where] = int(row["first"])
+        shape.records += int(row["records"])
+        shape.undecided += int(row["undecided"])
+    found = []
+    for row in (
+        read.where("decided")
+        .groupBy("event_date", f.substring("event_id", 1, 8).alias("bucket"))
+        .agg(
+            f.min("event_id").alias("low"),
+            f.max("event_id").alias("high"),
+            f.max("event_time").alias("newest"),
+            f.count(f.lit(1)).alias("events"),
+            f.count_distinct("event_id").alias("ids"),
+        )
+        .collect()
+    ):
+        found.append(IdRange(row["event_date"], row["low"], row["high"]))
+        shape.events += int(row["events"])
+        shape.repeated += int(row["events"]) - int(row["ids"])
+        newest = row["newest"].timestamp()
+        shape.newest_event_time = max(shape.newest_event_time or newest, newest)
+    shape.ranges = id_ranges(found)
+    return shape
+
+
+def _timestamp_ms(moment: Any) -> int:
+    try:
+        return int(moment.timestamp() * 1000)
+    except Exception:  # a timestamp Python cannot hold: the fingerprint still tells content
+        return 0
+
