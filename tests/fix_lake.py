@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def ingested(env: dict[str, str], *, timeout: float = 400) -> None:
     """The job over what Kafka holds now, which must succeed.
 
     A local lake with only :data:`IN_PROCESS_SETTINGS` runs in this process: the job's own
-    ``run_ingest(available_now=True)``, as ``outbox lake ingest --available-now`` calls it,
+    ``Ingest.run(stop, available_now=True)``, as ``outbox lake ingest --available-now`` calls it,
     on one Spark session all such runs of the suite share (its JVM stays warm: a run takes
     seconds instead of a minute). Any other runs the command (:func:`ingested_by_command`).
     The command's own behaviour (exit codes, messages, signals, kills) is tested through
@@ -87,12 +88,12 @@ def refusal(env: dict[str, str], *, by_command: bool = False) -> str:
     :func:`ingested` runs the job, unless ``by_command`` (or a setting of the Spark
     session's own): then the command, which must exit 1 and say it in a line of its own."""
     if not by_command and set(env) <= IN_PROCESS_SETTINGS:
-        from outbox_lake.stop_reason import stop_reason
+        from outbox.core.errors import OutboxError
 
         try:
             ran = ingest_in_process(env)
-        except Exception as error:
-            return stop_reason(str(error)) or f"{type(error).__name__}: {error}"
+        except OutboxError as error:  # what the command says after "lake ingest stopped: "
+            return f"lake ingest stopped: {type(error).__name__}: {error}"
         assert not ran, "the job ingested what it had to refuse"
     done = ingest(env)
     assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
@@ -106,7 +107,8 @@ def ingest_in_process(env: dict[str, str]) -> bool:
     local (its store's settings are the Spark session's)."""
     from outbox_cli._common import kafka_settings, load
     from outbox_cli.lake import with_spark_jars
-    from outbox_lake.job import run_ingest, spark_session
+    from outbox_lake.ingest import Ingest
+    from outbox_lake.session import spark_session
     from outbox_lake.settings import LakeSettings
 
     global _shared_spark
@@ -118,7 +120,7 @@ def ingest_in_process(env: dict[str, str]) -> bool:
         kafka = kafka_settings()
     if _shared_spark is None:
         _shared_spark = spark_session(settings)
-    run_ingest(settings, kafka, available_now=True, spark=_shared_spark)
+    Ingest(_shared_spark, settings, kafka).run(threading.Event(), available_now=True)
     return True
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -10,6 +14,8 @@ from outbox_cli._common import fail, kafka_settings, load
 
 if TYPE_CHECKING:
     from outbox_lake.settings import LakeSettings
+
+log = logging.getLogger("outbox.lake")
 
 app = typer.Typer(
     help="The lake: ingest outbox topics into Delta tables; query them.", no_args_is_help=True
@@ -22,18 +28,20 @@ def ingest(
         False, "--available-now", help="Ingest what is on Kafka now, then stop."
     ),
 ) -> None:
-    """Run the Spark ingest job (continuous unless --available-now).
+    """Run the Spark ingest job (continuous unless --available-now) until SIGTERM or Ctrl-C
+    (the batch under way lands; exit 0).
 
     Settings: OUTBOX_LAKE_* (root, topic pattern, batch limit, trigger, Spark master) and
     OUTBOX_KAFKA_* (the cluster and its security). Spark's Kafka source and Delta's Spark
     writer: the jars of OUTBOX_LAKE_SPARK_JARS, or the coordinates of
     OUTBOX_LAKE_SPARK_PACKAGES, or (neither set) the project's pinned jars, fetched from Maven
-    Central once into the stack's cache.
+    Central once into the stack's cache. Metrics on OUTBOX_LAKE_METRICS_PORT when set.
     """
-    from outbox.core.errors import LakeStorageError
-    from outbox_lake.job import run_ingest
+    from outbox.core.errors import LakeStorageError, OutboxError
+    from outbox_lake.ingest import Ingest
+    from outbox_lake.metrics import LakeMetrics
+    from outbox_lake.session import spark_session
     from outbox_lake.settings import LakeSettings
-    from outbox_lake.stop_reason import stop_reason
     from outbox_relay.logs import configure_json_logging
 
     # Every setting is checked before the jars are fetched: a typo fails in one line, at once.
@@ -41,16 +49,47 @@ def ingest(
     kafka = kafka_settings()
     settings = with_spark_jars(lake)
     configure_json_logging("INFO")
+    stop = threading.Event()
+    received: list[str] = []
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)  # logged by the loop, not here
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    metrics = LakeMetrics()
+    server = _serve_metrics(settings, metrics)
+    spark = spark_session(settings)
     try:
-        run_ingest(settings, kafka, available_now=available_now)
+        Ingest(spark, settings, kafka, metrics).run(stop, available_now=available_now)
     except LakeStorageError:
         raise  # the store's refusal, naming the variable: one line, status 2
+    except OutboxError as error:
+        raise fail(f"lake ingest stopped: {type(error).__name__}: {error}", error, code=1) from None
     except Exception as error:
-        # Spark hands the source's errors back as Java exceptions whose text holds the
-        # Python one; ops get its first line, and the full trace is in the log above
-        # (and on stderr with --verbose).
-        reason = stop_reason(str(error)) or f"{type(error).__name__}: {error}"
-        raise fail(f"lake ingest stopped: {reason}", error, code=1) from None
+        # Spark's own failure (a Java exception): its first line; the trace is in the log
+        # above (and on stderr with --verbose).
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise fail(f"lake ingest stopped: {type(error).__name__}: {first}", error, code=1) from None
+    finally:
+        if server is not None:
+            server.shutdown()
+        spark.stop()
+    if received:
+        log.info("lake ingest stopped on %s, between two batches", received[0])
+
+
+def _serve_metrics(settings: LakeSettings, metrics: Any) -> Any:
+    if not settings.metrics_port:
+        return None
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(
+        settings.metrics_port, addr=settings.metrics_address, registry=metrics.registry
+    )
+    log.info("metrics on http://%s:%d/metrics", settings.metrics_address, settings.metrics_port)
+    return server
 
 
 def with_spark_jars(settings: LakeSettings) -> LakeSettings:

@@ -32,7 +32,8 @@ log = logging.getLogger("outbox.lake.metadata")
 LAKE_CLIENT_ID = "outbox-lake"
 PATIENCE_SECONDS = 120.0
 """How long a read waits for a broker that does not answer before it fails; Spark's Kafka
-consumers get the same (``kafka.default.api.timeout.ms``, :func:`outbox_lake.job.kafka_options`)."""
+consumers get the same (``kafka.default.api.timeout.ms``,
+:func:`outbox_lake.ingest.kafka_options`)."""
 _LONGEST_PAUSE_SECONDS = 5.0
 
 _T = TypeVar("_T")

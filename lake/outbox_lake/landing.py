@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from outbox.core.errors import OutboxError
 from outbox_lake.delta_writes import (
     IdRange,
     absent_rows,
@@ -112,12 +113,17 @@ def quarantine_id() -> Column:
     from pyspark.sql import functions as f
 
     def framed(column: str) -> Column:
-        length = f.encode(f.concat(f.lit("+"), f.length(column).cast("string"), f.lit(":")), "UTF-8")
+        length = f.encode(
+            f.concat(f.lit("+"), f.length(column).cast("string"), f.lit(":")), "UTF-8"
+        )
         return f.when(f.col(column).isNull(), f.lit(b"-")).otherwise(f.concat(length, column))
 
     digest = f.sha2(f.concat(framed("key"), framed("value")), 256)
     return f.concat_ws(
-        ":", "topic", f.col("partition").cast("string"), f.col("offset").cast("string"),
+        ":",
+        "topic",
+        f.col("partition").cast("string"),
+        f.col("offset").cast("string"),
         f.substring(digest, 1, 32),
     )
 
@@ -150,14 +156,26 @@ class EventsSink:
         self.events_uri = settings.table_uri(EVENTS_TABLE.name)
         self.quarantine_uri = settings.table_uri(QUARANTINE_TABLE.name)
         self._events: DeltaTable | None = None
+        self.failure: OutboxError | None = None
+        """Our own error that stopped a batch (Spark hands it back as Java text)."""
 
     def create_tables(self) -> None:
         """``events`` and ``quarantine``, empty, before the first batch (every documented
         query runs on a new lake)."""
-        for table, uri in ((EVENTS_TABLE, self.events_uri), (QUARANTINE_TABLE, self.quarantine_uri)):
+        for table, uri in (
+            (EVENTS_TABLE, self.events_uri),
+            (QUARANTINE_TABLE, self.quarantine_uri),
+        ):
             create_table(self.settings, uri, table.arrow_schema(), by_day=table.by_day, owner=None)
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        try:
+            self._batch(frame, batch_id)
+        except OutboxError as error:  # ours, typed: the loop raises it as it is
+            self.failure = error
+            raise
+
+    def _batch(self, frame: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         self.timings: dict[str, float] = {}
         with self._timed("plan"):
@@ -222,8 +240,15 @@ class EventsSink:
             ranges = id_ranges([*ranges, *_slow_ranges(slow)])
             events = events.unionByName(slow.where("kind = 'event'").select(*_EVENT_SELECT))
             aside = slow.where("kind = 'quarantine'").select(
-                "quarantine_id", f.lit(EVENTS_TABLE.name).alias("target_table"), "topic",
-                "partition", "offset", "key", "value", "event_id", "reason",
+                "quarantine_id",
+                f.lit(EVENTS_TABLE.name).alias("target_table"),
+                "topic",
+                "partition",
+                "offset",
+                "key",
+                "value",
+                "event_id",
+                "reason",
             )
         classified: DataFrame | None = None
         try:
@@ -322,7 +347,9 @@ def decided_events(read: DataFrame) -> DataFrame:
     """The events the JVM decided, in the columns of :data:`_EVENT_SELECT`."""
     from pyspark.sql import functions as f
 
-    columns = [f.col("headers_text" if name == "headers" else name).alias(name) for name in _EVENT_SELECT]
+    columns = [
+        f.col("headers_text" if name == "headers" else name).alias(name) for name in _EVENT_SELECT
+    ]
     return read.where("decided").select(*columns)
 
 
@@ -339,7 +366,11 @@ def classify(spark: SparkSession, events: DataFrame, landed: Any) -> DataFrame:
 
     by_id = Window.partitionBy("event_id").orderBy("topic", "partition", "offset")
     where_read = f.concat_ws(
-        "", "topic", f.lit("["), f.col("partition").cast("string"), f.lit("]@"),
+        "",
+        "topic",
+        f.lit("["),
+        f.col("partition").cast("string"),
+        f.lit("]@"),
         f.col("offset").cast("string"),
     )
     ranked = (
@@ -444,7 +475,10 @@ def batch_shape(read: DataFrame) -> BatchShape:
         record = row["record"]
         headers = [(h["key"], h["value"]) for h in record["headers"] or []]
         stamp = _timestamp_ms(record["timestamp"])
-        shape.ends[where] = (int(row["last"]) + 1, fingerprint(stamp, record["key"], record["value"], headers))
+        shape.ends[where] = (
+            int(row["last"]) + 1,
+            fingerprint(stamp, record["key"], record["value"], headers),
+        )
         shape.starts[where] = int(row["first"])
         shape.records += int(row["records"])
         shape.undecided += int(row["undecided"])
@@ -475,4 +509,3 @@ def _timestamp_ms(moment: Any) -> int:
         return int(moment.timestamp() * 1000)
     except Exception:  # a timestamp Python cannot hold: the fingerprint still tells content
         return 0
-

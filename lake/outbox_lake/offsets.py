@@ -18,10 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from outbox_lake.stop_reason import TOPIC_REPLACED
-
 __all__ = [
     "EARLIEST",
+    "TOPIC_REPLACED",
     "BrokerPartition",
     "Loss",
     "LossKind",
@@ -37,6 +36,9 @@ __all__ = [
     "replaced_topics",
     "starting_offsets",
 ]
+
+TOPIC_REPLACED = "the topic on the broker is not the one the lake has read"
+"""The start of the job's refusal for a topic that is another log than the lake's."""
 
 EARLIEST = -2
 """Spark's ``startingOffsets`` value for a partition's earliest offset."""

@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -217,7 +217,7 @@ TYPING_RECURSION_LIMIT = 1000
 """A payload is typed up to about this depth (deeper: its typed row is set aside)."""
 
 
-def parse_batch(batches: Iterable[Any]) -> Iterable[Any]:
+def parse_batch(batches: Iterator[Any]) -> Iterator[Any]:
     """``mapInArrow`` body: raw Kafka record batches in, parsed record batches out."""
     for batch in batches:
         with recursion_limit(PARSE_RECURSION_LIMIT):

@@ -42,7 +42,13 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTRACT_HEADERS", "EVENT_FIELDS", "RAW_FIELDS", "read_contract"]
 
-CONTRACT_HEADERS = (HEADER_ID, HEADER_EVENT_TYPE, HEADER_TRACEPARENT, HEADER_HEADERS, HEADER_POSITION)
+CONTRACT_HEADERS = (
+    HEADER_ID,
+    HEADER_EVENT_TYPE,
+    HEADER_TRACEPARENT,
+    HEADER_HEADERS,
+    HEADER_POSITION,
+)
 """The headers of a contract record, in the order every delivery path writes them."""
 
 RAW_FIELDS = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
@@ -91,13 +97,15 @@ def _millis(event_id: str) -> str:
 
 
 def _header(index: int) -> str:
-    return f"headers[{index}].value"
+    """SQL: the value of the record's ``index``-th header (NULL when it has fewer: ANSI SQL
+    would raise on ``headers[i]``)."""
+    return f"get(headers, {index}).value"
 
 
 def _conditions() -> list[str]:
     """What a record must be for the JVM to decide it (each a SQL boolean)."""
     names = " AND ".join(
-        f"headers[{i}].key = {_sql_text(name)}" for i, name in enumerate(CONTRACT_HEADERS)
+        f"get(headers, {i}).key = {_sql_text(name)}" for i, name in enumerate(CONTRACT_HEADERS)
     )
     event_id, event_type, traceparent, extra, position = (_header(i) for i in range(5))
     return [
@@ -121,6 +129,7 @@ def _conditions() -> list[str]:
 def _event_columns() -> list[tuple[str, str]]:
     event_id, event_type, traceparent, extra, position = (_header(i) for i in range(5))
     millis = f"try_cast({_millis(event_id)} AS bigint)"
+    in_range = f"{millis} BETWEEN 0 AND {_YEAR_10000_MS}"
     return [
         ("event_id", f"CAST({event_id} AS string)"),
         ("aggregate_type", f"substr(topic, {len(TOPIC_PREFIX) + 1})"),
@@ -138,8 +147,8 @@ def _event_columns() -> list[tuple[str, str]]:
             f" ELSE CAST({traceparent} AS string) END",
         ),
         ("position", f"try_cast(CAST({position} AS string) AS bigint)"),
-        ("event_time", f"CASE WHEN {millis} BETWEEN 0 AND {_YEAR_10000_MS} THEN timestamp_millis({millis}) END"),
-        ("event_date", f"CASE WHEN {millis} BETWEEN 0 AND {_YEAR_10000_MS} THEN to_date(timestamp_millis({millis})) END"),
+        ("event_time", f"CASE WHEN {in_range} THEN timestamp_millis({millis}) END"),
+        ("event_date", f"CASE WHEN {in_range} THEN to_date(timestamp_millis({millis})) END"),
     ]
 
 

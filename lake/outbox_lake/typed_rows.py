@@ -183,8 +183,9 @@ def _type_row(
                 )
             new[name] = kind
             known = kind
-        # A Decimal that fits the decimal column exactly goes as it is (Arrow sets its scale).
-        if kind != known or (isinstance(cell, Decimal) and known != DECIMAL):
+        if kind != known or isinstance(cell, Decimal):
+            # A Decimal goes as the column holds it, even one that fits exactly: its own
+            # digits may be more than Arrow's 38 (1234567890.000000000000000000000000000000)
             cell = _into(name, cell, kind, known, table_name)
         cells[name] = cell
     return cells, new

@@ -160,8 +160,9 @@ _QUERIES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "typed_row_missing": (
         """SELECT l.aggregate_type, l.event_id, l.aggregate_id, l.typed_table FROM lake_first l
-        WHERE NOT EXISTS (SELECT 1 FROM typed t WHERE t.typed_table = l.typed_table
-                          AND t.event_id = l.event_id)
+        WHERE l.typed_table IS NOT NULL
+        AND NOT EXISTS (SELECT 1 FROM typed t WHERE t.typed_table = l.typed_table
+                        AND t.event_id = l.event_id)
         AND NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.target_table = l.typed_table
                         AND q.event_id = l.event_id)
         ORDER BY l.event_id""",

@@ -1,10 +1,13 @@
 """Reads the lake's ``events``, typed tables and ``quarantine`` (``deltalake``, streamed).
 
-Order matters, and follows the sink's (lake/outbox_lake/spark_sink.py), which writes each batch's
-typed tables, then ``quarantine``, then ``events``, then ``_progress``: the progress is read first
-(lake/outbox_lake/progress.py), then ``events`` at one version, then the other tables: each holds
-at least what the progress read says. So a batch landing while reconcile reads is never mistaken
-for a missing row.
+Order matters, and follows the job's: a batch writes ``quarantine``, then ``events`` in one
+commit that also holds the lake's progress (lake/outbox_lake/progress.py); the typed query
+then types ``events`` into the typed tables, and the lake's progress says up to which
+``events`` version they hold every row (``typed_through``). So ``events`` is read at one
+version with the progress of that version, then ``quarantine`` and the typed tables, which
+hold at least what that progress says; only the ``events`` rows of files already in the
+version the typed tables have reached are judged for their typed row. A batch landing while
+reconcile reads is never mistaken for a missing row.
 
 Only the columns needed are read, in Arrow batches of 64k rows, pruned to the window's days
 (``event_date`` partitions).
@@ -22,11 +25,12 @@ from deltalake import DeltaTable
 
 from outbox_lake.names import typed_table_name
 from outbox_lake.offsets import Partition
-from outbox_lake.progress import ProgressStore
+from outbox_lake.progress import latest_progress
 from outbox_lake.query import arrow_dataset
 from outbox_lake.settings import LakeSettings
 from outbox_lake.storage import open_table
 from outbox_lake.tables import EVENTS, QUARANTINE
+from outbox_lake.upgrade import earlier_progress
 from outbox_reconcile.evidence import Evidence
 from outbox_reconcile.records import TOPIC_PREFIX, Window
 
@@ -87,6 +91,39 @@ def _batches(table: DeltaTable, columns: list[str], window: Window) -> Iterator[
     )
 
 
+def _typed_due(settings: LakeSettings, typed_through: int | None) -> set[str]:
+    """The ``events`` files whose rows the typed tables hold all of (their version's)."""
+    if typed_through is None:
+        return set()
+    table = open_table(settings, settings.table_uri(EVENTS), version=typed_through)
+    if table is None:
+        return set()
+    return {_relative(table, uri) for uri in table.file_uris()}
+
+
+def _relative(table: DeltaTable, uri: str) -> str:
+    """A data file's path within its table (as the table's dataset names its fragments)."""
+    root = table.table_uri.rstrip("/")
+    for prefix in (root, root.removeprefix("file://")):
+        if uri.startswith(prefix + "/"):
+            return uri[len(prefix) + 1 :]
+    return uri
+
+
+def _file_batches(
+    table: DeltaTable, columns: list[str], window: Window, due: set[str]
+) -> Iterator[tuple[Any, bool]]:
+    """Each file's rows in Arrow batches, with whether the file is in ``due``."""
+    dataset = arrow_dataset(table)
+    condition = _in_window(window)
+    for fragment in dataset.get_fragments(filter=condition):
+        # Little read-ahead: memory follows one file's columns, not the table.
+        for batch in fragment.to_batches(
+            columns=columns, filter=condition, batch_size=_BATCH_ROWS, batch_readahead=1
+        ):
+            yield batch, str(fragment.path) in due
+
+
 def read_lake(
     settings: LakeSettings,
     evidence: Evidence,
@@ -96,18 +133,20 @@ def read_lake(
 ) -> LakeRead:
     read = LakeRead()
     wanted = [Partition(topic, partition) for topic, partition in partitions]
-    progress = ProgressStore(settings).read(legacy_partitions=wanted)
     events = open_table(settings, settings.table_uri(EVENTS))
+    progress = latest_progress(events) or earlier_progress(settings, lambda: wanted)
     if events is not None:
         read.events_version = events.version()
+        known = progress.partitions
         for where in wanted:
-            if where in progress:
-                evidence.set_lake_progress(where.topic, where.partition, progress[where].end_offset)
-        for batch in _batches(events, _EVENT_COLUMNS, window):
+            if where in known:
+                evidence.set_lake_progress(where.topic, where.partition, known[where].end_offset)
+        typed_due = _typed_due(settings, progress.typed_through)
+        for batch, due in _file_batches(events, _EVENT_COLUMNS, window, typed_due):
             columns = [batch.column(name).to_pylist() for name in _EVENT_COLUMNS]
             types = columns[1]
             read.aggregate_types.update(types)
-            names = {kind: typed_table_name(kind) for kind in set(types)}
+            names = {kind: typed_table_name(kind) if due else None for kind in set(types)}
             read.rows += evidence.add_lake(
                 (*row, names[row[1]]) for row in zip(*columns, strict=True)
             )

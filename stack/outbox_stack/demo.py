@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 from outbox.core.contract import topic_for
 from outbox.core.errors import DeliveryTimeoutError, StackError
 from outbox.settings import KafkaSettings, OutboxSettings
+from outbox_lake.offsets import TOPIC_REPLACED
 from outbox_lake.report import OrderReport, count_event, count_events_since, order_report
 from outbox_lake.settings import LakeSettings
-from outbox_lake.stop_reason import SPARK_DATA_LOSS, TOPIC_REPLACED, stop_reason
 from outbox_stack.local import LocalStack
 from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
@@ -58,6 +58,8 @@ WARM_UP_TYPE = "demo"  # aggregate type of the warm-up event (topic outbox.event
 LAKE_JOB_MARKER = "--lake-job"
 # Logged by the demo's lake job once its first trigger has run (Spark up, source polled).
 LAKE_JOB_READY = "demo lake job: first trigger done"
+LAKE_JOB_STOPPED = "demo lake job stopped: "
+"""Begins the job's last log line when an error of ours stopped it (the reason follows)."""
 
 
 def _order_service() -> ModuleType:
@@ -301,14 +303,14 @@ class DemoPipeline:
             with self.ingest.log_file.open("rb") as log:
                 log.seek(self._log_offset)
                 log_text = log.read().decode(errors="replace")
-        reason = stop_reason(log_text)
+        reason = _stop_reason(log_text)
         if reason is None or not reason.startswith("DataLossError"):
             return StackError(
                 f"the lake's ingest job stopped; see {self.ingest.log_file}:\n"
                 + "\n".join(self.ingest.tail(20))
             )
         refusal = f"the lake's ingest job refused to go on: {reason}"
-        if TOPIC_REPLACED in reason or SPARK_DATA_LOSS in reason:
+        if TOPIC_REPLACED in reason:
             refusal = (
                 f"the lake in {self.lake_settings.root} was filled from another broker than "
                 "this stack's (the stack was destroyed, or its broker replaced, since): delete "
@@ -319,12 +321,34 @@ class DemoPipeline:
         return StackError(f"{refusal} (its log: {self.ingest.log_file})")
 
 
+def _stop_reason(log_text: str) -> str | None:
+    """The reason of the job's last :data:`LAKE_JOB_STOPPED` line (its logs are JSON)."""
+    import json
+
+    reason = None
+    for line in log_text.splitlines():
+        if LAKE_JOB_STOPPED not in line:
+            continue
+        try:
+            message = str(json.loads(line).get("message", ""))
+        except ValueError:
+            continue
+        reason = message.split(LAKE_JOB_STOPPED, 1)[-1]
+    return reason
+
+
 def run_lake_job() -> None:
     """``outbox lake ingest`` (continuous) that also says when its first trigger has run: a
-    listener on the Spark session logs :data:`LAKE_JOB_READY` at the first progress."""
+    listener on the Spark session logs :data:`LAKE_JOB_READY` at the first progress; and,
+    when an error of ours stops it, :data:`LAKE_JOB_STOPPED` with the reason."""
+    import signal
+    import threading
+
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
-    from outbox_lake.job import run_ingest, spark_session
+    from outbox.core.errors import OutboxError
+    from outbox_lake.ingest import Ingest
+    from outbox_lake.session import spark_session
     from outbox_relay.logs import configure_json_logging
 
     class FirstTrigger(StreamingQueryListener):
@@ -351,13 +375,21 @@ def run_lake_job() -> None:
         jars = spark_extra_jars(StackSettings().downloads_root)
         settings = settings.model_copy(update={"spark_jars": ",".join(map(str, jars))})
     configure_json_logging("INFO")
-    bootstrap = KafkaSettings().bootstrap_servers
-    if bootstrap is None:
+    kafka = KafkaSettings()
+    if kafka.bootstrap_servers is None:
         raise StackError("the demo's lake job needs OUTBOX_KAFKA_BOOTSTRAP_SERVERS")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
     spark = spark_session(settings)
     spark.streams.addListener(FirstTrigger())
     try:
-        run_ingest(settings, bootstrap, available_now=False, spark=spark)
+        Ingest(spark, settings, kafka).run(stop)
+    except OutboxError as error:
+        logging.getLogger("outbox.demo").error(
+            "%s%s: %s", LAKE_JOB_STOPPED, type(error).__name__, error
+        )
+        raise
     finally:
         spark.stop()  # the JVM ends its context now, and exits once this process has
 

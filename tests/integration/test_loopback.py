@@ -25,7 +25,7 @@ LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's state column
 SPARK_DRIVER = """
 import sys
 from outbox_cli.lake import with_spark_jars
-from outbox_lake.job import spark_session
+from outbox_lake.session import spark_session
 from outbox_lake.settings import LakeSettings
 spark = spark_session(with_spark_jars(LakeSettings()))  # Kafka's and Delta's jars, as the job
 spark.range(10).count()  # executors and the block manager are up
@@ -95,7 +95,7 @@ def is_loopback(address: str) -> bool:
 
 @pytest.fixture
 def spark_driver(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
-    """A Spark session as the lake job makes it (`outbox_lake.job.spark_session`), in a process."""
+    """A Spark session as the lake job makes it (`outbox_lake.session`), in a process."""
     process = subprocess.Popen(
         [sys.executable, "-c", SPARK_DRIVER],
         stdin=subprocess.PIPE,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from outbox.core.lake_contract import payload_problems
 from outbox.core.payload import encode_json
 from outbox_lake.names import typed_table_name
-from outbox_lake.spark_sink import decide_columns
+from outbox_lake.typed import decide_columns
 from outbox_lake.typed_rows import payload_columns, type_batch, typed_batch_schema
 
 

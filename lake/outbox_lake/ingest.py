@@ -1,0 +1,348 @@
+"""The ingest job: two streaming queries on one Spark session, run until the caller says stop.
+
+- **The Kafka query** (the freshness path): Spark's own ``format("kafka")`` source,
+  committed records only, topics by ``subscribePattern`` (new topics are picked up without a
+  restart), ``maxOffsetsPerTrigger`` for admission control, into
+  :class:`outbox_lake.landing.EventsSink` (``events``, ``quarantine``).
+- **The typed query**: Delta's streaming source on ``events`` into
+  :class:`outbox_lake.typed.TypedSink` (``aggregate_<type>``, ``quarantine``).
+- **Checks**: :class:`outbox_lake.guard.LogGuard` answers at start and before every Kafka
+  batch; this loop acts on its verdict (stop with a :class:`DataLossError`, or move the
+  Kafka query's checkpoint aside and read replaced topics from their start).
+- **Progress and lag** come from a ``StreamingQueryListener``: consumer lag per partition
+  (Spark's source reports the latest offsets it saw beside where each batch ended) and how
+  far the typed tables have come.
+- **No checkpoint** (a new lake, a deleted checkpoint, one moved aside): the Kafka query
+  starts where the lake's progress says (in ``events``' last commit), every other partition
+  from its start; the typed query from the ``events`` version after the typed tables'.
+
+:meth:`Ingest.run` takes its stop signal from the caller (``outbox lake ingest`` sets it on
+SIGTERM or Ctrl-C, and serves the metrics): the batch under way lands, then both queries
+stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from outbox.core.errors import DataLossError, OutboxError
+from outbox.kafka_clients import spark_options
+from outbox.settings import KafkaSettings
+from outbox_lake.guard import LogGuard, Refuse, StartOver
+from outbox_lake.kafka_metadata import LAKE_CLIENT_ID, PATIENCE_SECONDS, KafkaMetadata
+from outbox_lake.landing import EventsSink
+from outbox_lake.metrics import LakeMetrics
+from outbox_lake.offsets import starting_offsets
+from outbox_lake.progress import LakeProgress
+from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import check_access
+from outbox_lake.tables import EVENTS_TABLE
+from outbox_lake.typed import TypedSink, typed_through
+from outbox_lake.upgrade import earlier_progress, move_aside_earlier_checkpoint
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+__all__ = ["Ingest", "kafka_options"]
+
+log = logging.getLogger("outbox.lake.ingest")
+
+_STOP_PATIENCE_SECONDS = 120.0
+
+
+def kafka_options(settings: LakeSettings, kafka: KafkaSettings) -> dict[str, str]:
+    """The options of every read of Kafka by Spark (the stream, and a range read again): the
+    cluster and its security as ``OUTBOX_KAFKA_*`` say (secrets inline, never logged),
+    committed records only. ``failOnDataLoss`` is off: the job's guard decides."""
+    return {
+        **spark_options(kafka),
+        "kafka.isolation.level": "read_committed",
+        "kafka.client.id": LAKE_CLIENT_ID,
+        # The consumers' group ids start so: a prefixed group ACL covers them.
+        "groupIdPrefix": LAKE_CLIENT_ID,
+        "includeHeaders": "true",
+        "failOnDataLoss": "false",
+        # A broker that does not answer for a while is waited for, not data loss.
+        "kafka.request.timeout.ms": "30000",
+        "kafka.default.api.timeout.ms": str(int(PATIENCE_SECONDS * 1000)),
+    }
+
+
+class _Listener:
+    """Spark's streaming progress, as metrics and as how far the typed tables have come."""
+
+    def __init__(self, metrics: LakeMetrics, kafka_query: str, typed_query: str) -> None:
+        self.metrics = metrics
+        self.kafka_query = kafka_query
+        self.typed_query = typed_query
+        self.typed_through: int | None = None
+        self.typed_batches = 0
+
+    def as_spark_listener(self) -> Any:
+        from pyspark.sql.streaming.listener import StreamingQueryListener
+
+        outer = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                try:
+                    outer.progressed(json.loads(event.progress.json))
+                except Exception as error:  # a metric must never stop the job
+                    log.warning("progress not read: %s: %s", type(error).__name__, error)
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        return Listener()
+
+    def progressed(self, progress: Mapping[str, Any]) -> None:
+        """One query's progress report (Spark's ``StreamingQueryProgress`` as JSON)."""
+        name = progress.get("name")
+        for source in progress.get("sources") or ():
+            end = _offsets(source.get("endOffset"))
+            if name == self.kafka_query:
+                latest = _offsets(source.get("latestOffset"))
+                for topic, parts in latest.items():
+                    for partition, offset in parts.items():
+                        at = end.get(topic, {}).get(partition)
+                        if at is not None:
+                            self.metrics.lag.labels(topic, str(partition)).set(max(0, offset - at))
+            elif name == self.typed_query:
+                through = typed_through(end)
+                if through is not None:
+                    self.typed_through = max(self.typed_through or through, through)
+                if progress.get("numInputRows"):
+                    self.typed_batches += 1
+
+
+def _offsets(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {}
+
+
+class Ingest:
+    """The job on ``spark`` (the caller's session: it starts and stops it)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        settings: LakeSettings,
+        kafka: KafkaSettings,
+        metrics: LakeMetrics | None = None,
+    ) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.kafka = kafka
+        self.metrics = metrics or LakeMetrics()
+        self.kafka_query_name = settings.query_name.replace("-", "_")
+        self.typed_query_name = f"{self.kafka_query_name}_typed"
+        self.listener = _Listener(self.metrics, self.kafka_query_name, self.typed_query_name)
+        self.typed_checkpoint = settings.table_uri(f"_checkpoints/{settings.query_name}-typed")
+
+    def run(self, stop: threading.Event, *, available_now: bool = False) -> None:
+        """Ingest until ``stop`` is set (the batch under way lands first), or, with
+        ``available_now``, until what Kafka holds now is in every table."""
+        check_access(self.settings)  # a refused key is said now, not from a Spark job
+        listener = self.listener.as_spark_listener()
+        self.spark.streams.addListener(listener)
+        guard = LogGuard(
+            KafkaMetadata(self.kafka, self.settings.topic_pattern),
+            self._read_range,
+            self.settings.fail_on_data_loss,
+        )
+        try:
+            started_over: frozenset[str] = frozenset()
+            while True:
+                try:
+                    self._run_once(guard, stop, available_now, started_over)
+                    return
+                except _StartOver as again:
+                    started_over = again.topics
+        finally:
+            guard.close()
+            self.spark.streams.removeListener(listener)
+
+    def _run_once(
+        self,
+        guard: LogGuard,
+        stop: threading.Event,
+        available_now: bool,
+        started_over: frozenset[str],
+    ) -> None:
+        move_aside_earlier_checkpoint(self.settings)
+        progress = earlier_progress(self.settings, lambda: list(guard.metadata.partitions()))
+        decided, broker = guard.at_start(progress)
+        if isinstance(decided, Refuse):
+            raise DataLossError(decided.reason)
+        reread = set(started_over)
+        if isinstance(decided, StartOver):
+            reread |= decided.topics
+            self._move_checkpoint_aside(f"topics {', '.join(sorted(decided.topics))} replaced")
+        starting = starting_offsets(progress.partitions, broker, frozenset(reread))
+        sink = EventsSink(
+            self.settings,
+            progress,
+            self.metrics,
+            check=guard.before_batch,
+            typed_through=lambda: self.listener.typed_through,
+            started_over=frozenset(reread),
+        )
+        sink.create_tables()
+        guard.stopped_by = None
+        kafka_query = self._start_kafka_query(sink, starting, available_now)
+        log.info("lake ingest started (checkpoint %s)", self.settings.checkpoint)
+        typed_query = None
+        try:
+            if available_now:
+                self._wait(kafka_query, stop)
+                self._raise_if_failed(kafka_query, guard, sink)
+                if stop.is_set():
+                    return
+                typed_query = self._start_typed_query(progress, available_now=True)
+                self._wait(typed_query, stop)
+                self._raise_if_failed(typed_query, guard, None)
+                return
+            typed_query = self._start_typed_query(progress, available_now=False)
+            while kafka_query.isActive and typed_query.isActive and not stop.is_set():
+                kafka_query.awaitTermination(1)
+            self._stop_after_the_batch(kafka_query, typed_query)
+            self._raise_if_failed(kafka_query, guard, sink)
+            self._raise_if_failed(typed_query, guard, None)
+        finally:
+            for query in (kafka_query, typed_query):
+                if query is not None and query.isActive:
+                    query.stop()
+        if stop.is_set():
+            log.info("lake ingest stopped between two batches")
+
+    # -- the queries ---------------------------------------------------------------------
+
+    def _start_kafka_query(
+        self, sink: EventsSink, starting: Mapping[str, Any], available_now: bool
+    ) -> StreamingQuery:
+        reader = self.spark.readStream.format("kafka")
+        for name, value in kafka_options(self.settings, self.kafka).items():
+            reader = reader.option(name, value)
+        frame = (
+            reader.option("subscribePattern", self.settings.topic_pattern)
+            .option("startingOffsets", json.dumps(starting) if starting else "earliest")
+            .option("maxOffsetsPerTrigger", str(self.settings.max_records_per_batch))
+            .load()
+        )
+        writer = (
+            frame.writeStream.queryName(self.kafka_query_name)
+            .foreachBatch(sink)
+            .option("checkpointLocation", self.settings.checkpoint)
+        )
+        query: StreamingQuery = self._trigger(writer, available_now).start()
+        return query
+
+    def _start_typed_query(self, progress: LakeProgress, *, available_now: bool) -> StreamingQuery:
+        sink = TypedSink(self.settings, self.metrics)
+        reader = self.spark.readStream.format("delta").option("skipChangeCommits", "true")
+        if progress.typed_through is not None and not self._has_checkpoint(self.typed_checkpoint):
+            reader = reader.option("startingVersion", str(progress.typed_through + 1))
+        writer = (
+            reader.load(self.settings.table_uri(EVENTS_TABLE.name))
+            .writeStream.queryName(self.typed_query_name)
+            .foreachBatch(sink)
+            .option("checkpointLocation", self.typed_checkpoint)
+        )
+        query: StreamingQuery = self._trigger(writer, available_now).start()
+        return query
+
+    def _trigger(self, writer: Any, available_now: bool) -> Any:
+        if available_now:
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=f"{self.settings.trigger_seconds} seconds")
+
+    def _read_range(
+        self, starting: Mapping[str, Mapping[str, int]], ending: Mapping[str, Mapping[str, int]]
+    ) -> DataFrame:
+        """The records of the given partitions between two offsets each (a batch read)."""
+        reader = self.spark.read.format("kafka")
+        for name, value in kafka_options(self.settings, self.kafka).items():
+            reader = reader.option(name, value)
+        assign = {topic: [int(p) for p in parts] for topic, parts in starting.items()}
+        return (
+            reader.option("assign", json.dumps(assign))
+            .option("startingOffsets", json.dumps(starting))
+            .option("endingOffsets", json.dumps(ending))
+            .load()
+        )
+
+    # -- the loop's actions --------------------------------------------------------------
+
+    def _wait(self, query: StreamingQuery, stop: threading.Event) -> None:
+        while query.isActive:
+            query.awaitTermination(1)
+            if stop.is_set():
+                self._stop_after_the_batch(query)
+                return
+
+    def _raise_if_failed(
+        self, query: StreamingQuery, guard: LogGuard, sink: EventsSink | None
+    ) -> None:
+        failed = query.exception()
+        if failed is None:
+            return
+        decided = guard.stopped_by
+        if isinstance(decided, Refuse):
+            raise DataLossError(decided.reason) from None
+        if isinstance(decided, StartOver):
+            self._move_checkpoint_aside(f"topics {', '.join(sorted(decided.topics))} replaced")
+            raise _StartOver(decided.topics)
+        ours = getattr(sink, "failure", None)
+        if isinstance(ours, OutboxError):
+            raise ours from None
+        raise failed
+
+    def _stop_after_the_batch(self, *queries: StreamingQuery) -> None:
+        """Let the batch under way land (its commits are idempotent either way), then stop."""
+        deadline = time.monotonic() + _STOP_PATIENCE_SECONDS
+        for query in queries:
+            while (
+                query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline
+            ):
+                time.sleep(0.05)
+            query.stop()
+
+    def _has_checkpoint(self, location: str) -> bool:
+        if not self.settings.is_local:
+            return False  # Spark decides; the option is ignored when one exists
+        return (Path(location) / "offsets").is_dir()
+
+    def _move_checkpoint_aside(self, why: str) -> None:
+        """The Kafka query's checkpoint holds offsets of a log that is gone: moved aside
+        (kept for inspection), so the query starts where the lake's progress says."""
+        if not self.settings.is_local:
+            raise DataLossError(
+                f"{why}: delete the Kafka query's checkpoint {self.settings.checkpoint} "
+                "and start the job again (it starts where the lake's tables stand)"
+            )
+        folder = Path(self.settings.checkpoint)
+        if folder.exists():
+            aside = folder.with_name(f"{folder.name}.replaced-{int(time.time())}")
+            shutil.move(str(folder), str(aside))
+            log.warning("%s: the checkpoint %s was moved to %s", why, folder, aside)
+
+
+class _StartOver(Exception):
+    def __init__(self, topics: frozenset[str]) -> None:
+        super().__init__(", ".join(sorted(topics)))
+        self.topics = topics

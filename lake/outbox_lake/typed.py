@@ -1,0 +1,358 @@
+"""Typed tables, off the freshness path: a second streaming query reads ``events`` (Delta's
+streaming source) and types each new event into ``aggregate_<type>``.
+
+``events`` is the lake's freshness path and its truth (:mod:`outbox_lake.landing`); the
+typed tables are derived from it and trail it by about one trigger of this query. For each
+micro-batch of new ``events`` rows:
+
+1. the executors list each payload's top-level fields and their kinds (Python, the one
+   definition of the typing rules: :mod:`outbox_lake.typed_rows`); the driver gets, per
+   aggregate type, each field's first appearance (in offset order), the types' days and
+   event-id ranges, and decides each typed table's columns for the batch
+   (:func:`decide_columns`);
+2. per aggregate type, the executors type every row against those columns, or set it aside
+   with the reason; the typed rows whose event id the table lacks (read on the driver within
+   the batch's id ranges, as ``events`` is) are appended in one commit, new columns added
+   (schema evolution);
+3. the typed rows set aside go to ``quarantine`` (``target_table`` names the typed table).
+
+Idempotent by content like every write of the job: a batch replayed after a crash, or the
+whole of ``events`` read again after this query's checkpoint was deleted, adds nothing. How
+far the typed tables have come (the ``events`` version whose rows they all hold) is taken
+from this query's progress and recorded in the next ``events`` commit
+(:class:`outbox_lake.progress.LakeProgress`): a query that starts without a checkpoint reads
+``events`` from the version after it, not from the beginning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import date
+from typing import TYPE_CHECKING, Any
+
+from outbox.core.lake_contract import DECIMAL_TYPE
+from outbox_lake.delta_writes import (
+    IdRange,
+    absent_rows,
+    append,
+    create_table,
+    id_ranges,
+    rows_within,
+    table_owner_and_columns,
+)
+from outbox_lake.metrics import LakeMetrics
+from outbox_lake.names import typed_table_name
+from outbox_lake.records import TYPING_RECURSION_LIMIT, recursion_limit
+from outbox_lake.settings import LakeSettings
+from outbox_lake.storage import open_table
+from outbox_lake.tables import QUARANTINE_TABLE, TYPED_BASE
+from outbox_lake.typed_rows import payload_columns, type_batch, typed_batch_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["TypedSink", "decide_columns", "typed_through"]
+
+log = logging.getLogger("outbox.lake.typed")
+
+_TYPED_BASE_NAMES = tuple(column.name for column in TYPED_BASE)
+_DELTA_KINDS = {
+    "string": "string",
+    "long": "long",
+    "integer": "long",
+    "short": "long",
+    "byte": "long",
+    "double": "double",
+    "float": "double",
+    "boolean": "boolean",
+    DECIMAL_TYPE: "decimal",
+}
+_FIELDS_SCHEMA = (
+    "aggregate_type string, event_id string, event_date date, topic string, partition int, "
+    "offset long, fields array<struct<name:string,kind:string>>"
+)
+_ASIDE = ("event_id", "_reason", "_topic", "_partition", "_offset", "_key", "_value", "_table")
+"""What a typed row set aside keeps: the record it came from and why."""
+_EVENT_COLUMNS = (
+    "event_id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "payload",
+    "position",
+    "event_time",
+    "event_date",
+    "topic",
+    "partition",
+    "offset",
+)
+
+
+def decide_columns(existing: dict[str, str], met: Iterable[tuple[Any, str, str]]) -> dict[str, str]:
+    """A typed table's payload columns for a batch: those it has, then each new field in the
+    order of the record that first brought it (its kind decided by that record). A field that
+    differs only in case from a column, or from a field met earlier, gets no column (its rows
+    are set aside with the reason)."""
+    columns = dict(existing)
+    taken = {name.lower() for name in (*existing, *_TYPED_BASE_NAMES)}
+    for _, name, kind in sorted(met, key=lambda item: item[0]):
+        if name.lower() in taken:
+            continue
+        taken.add(name.lower())
+        columns[name] = kind
+    return columns
+
+
+@dataclass
+class TypeShape:
+    """One aggregate type's part of a batch."""
+
+    ranges: list[IdRange] = field(default_factory=list)
+    fields: list[tuple[tuple[str, int, int], str, str]] = field(default_factory=list)
+    """(first (topic, partition, offset), name, kind) of each payload field met."""
+
+
+def typed_through(end_offset: dict[str, Any] | None) -> int | None:
+    """The ``events`` version all of whose rows a typed query has processed, from its Delta
+    source's end offset (``reservoirVersion``: the version it reads next, or is reading
+    from ``index``; an initial snapshot is done only when the offset leaves it)."""
+    if not end_offset or end_offset.get("isStartingVersion", True):
+        return None
+    version = int(end_offset.get("reservoirVersion", 0))
+    return version - 1 if version > 0 else None
+
+
+def _with_fields(batches: Iterable[Any]) -> Iterator[Any]:
+    """``mapInArrow`` body: each event's payload fields (name, kind), in the payload's order."""
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("aggregate_type", pa.string()),
+            ("event_id", pa.string()),
+            ("event_date", pa.date32()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("fields", pa.list_(pa.struct([("name", pa.string()), ("kind", pa.string())]))),
+        ]
+    )
+    for batch in batches:
+        rows = batch.to_pylist()
+        with recursion_limit(TYPING_RECURSION_LIMIT):
+            for row in rows:
+                columns = payload_columns(row.pop("payload")) or ()
+                row["fields"] = [{"name": name, "kind": kind} for name, kind in columns]
+        yield pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def batch_types(events: DataFrame) -> dict[str, TypeShape]:
+    """Per aggregate type its fields' first appearances and its id ranges (one Spark job:
+    only this reaches the driver)."""
+    from pyspark.sql import functions as f
+
+    fields = events.select(
+        "aggregate_type", "event_id", "event_date", "topic", "partition", "offset", "payload"
+    ).mapInArrow(_with_fields, _FIELDS_SCHEMA)
+    where = f.struct("topic", "partition", "offset")
+    rows = (
+        fields.select(
+            "aggregate_type",
+            "event_id",
+            "event_date",
+            where.alias("at"),
+            f.explode_outer("fields").alias("field"),
+        )
+        .groupBy(
+            "aggregate_type",
+            "event_date",
+            f.substring("event_id", 1, 8).alias("bucket"),
+            f.lower(f.col("field.name")).alias("lname"),
+            "field.kind",
+        )
+        .agg(
+            f.min("at").alias("first"),
+            f.min("event_id").alias("low"),
+            f.max("event_id").alias("high"),
+            f.min_by("field.name", "at").alias("name"),
+        )
+        .collect()
+    )
+    found: dict[str, TypeShape] = {}
+    for row in rows:
+        part = found.setdefault(row["aggregate_type"], TypeShape())
+        part.ranges.append(IdRange(_date(row["event_date"]), row["low"], row["high"]))
+        if row["name"] is not None:
+            first = row["first"]
+            part.fields.append(
+                ((first["topic"], first["partition"], first["offset"]), row["name"], row["kind"])
+            )
+    for part in found.values():
+        part.ranges = id_ranges(part.ranges)
+    return found
+
+
+def _date(value: Any) -> date:
+    return value if isinstance(value, date) else date.fromisoformat(str(value))
+
+
+class TypedSink:
+    """``foreachBatch`` body of the typed query: new ``events`` rows into the typed tables."""
+
+    def __init__(self, settings: LakeSettings, metrics: LakeMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.quarantine_uri = settings.table_uri(QUARANTINE_TABLE.name)
+        self.timings: dict[str, float] = {}
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        self.timings = {}
+        spark = frame.sparkSession
+        events = frame.select(*_EVENT_COLUMNS).persist()
+        set_aside: list[DataFrame] = []
+        try:
+            with self._timed("shape"):
+                types = batch_types(events)
+            if not types:
+                return
+            typed_frames = []
+            try:
+                for aggregate_type, part in sorted(types.items()):
+                    with self._timed("typed"):
+                        typed = self._write_type(spark, events, aggregate_type, part)
+                    typed_frames.append(typed)
+                    set_aside.append(typed.where("_reason IS NOT NULL").select(*_ASIDE))
+                with self._timed("quarantine"):
+                    aside = self._quarantine(spark, set_aside)
+            finally:
+                for typed in typed_frames:
+                    typed.unpersist()
+        finally:
+            events.unpersist()
+        self.metrics.quarantined.labels("typed").inc(aside)
+        log.info(
+            "typed batch %d: %d aggregate types, %d typed rows set aside, %.2f s (%s)",
+            batch_id,
+            len(types),
+            aside,
+            time.monotonic() - started,
+            ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.timings.items()),
+        )
+
+    @contextlib.contextmanager
+    def _timed(self, stage: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - started
+            self.timings[stage] = self.timings.get(stage, 0.0) + took
+            self.metrics.stage_seconds.labels(f"typed_{stage}").observe(took)
+
+    def _write_type(
+        self, spark: SparkSession, events: DataFrame, aggregate_type: str, part: TypeShape
+    ) -> DataFrame:
+        """Type one aggregate type's events on the executors and append the typed rows the
+        table lacks; the typed frame (persisted; its ``_reason`` rows go to quarantine)."""
+        from pyspark.sql import functions as f
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        name = typed_table_name(aggregate_type)
+        uri = self.settings.table_uri(name)
+        owner, existing = table_owner_and_columns(
+            self.settings, uri, _TYPED_BASE_NAMES, _DELTA_KINDS
+        )
+        mine = events.where(f.col("aggregate_type") == aggregate_type)
+        if owner is not None and owner != aggregate_type:
+            reason = (
+                f"the typed table {name} holds aggregate type {owner!r}, not "
+                f"{aggregate_type!r}: the event is in events; report this name collision"
+            )
+            return mine.select(
+                "event_id",
+                f.lit(reason).alias("_reason"),
+                f.col("topic").alias("_topic"),
+                f.col("partition").alias("_partition"),
+                f.col("offset").alias("_offset"),
+                f.encode("aggregate_id", "UTF-8").alias("_key"),
+                f.encode("payload", "UTF-8").alias("_value"),
+                f.lit(name).alias("_table"),
+            ).persist()
+        columns = decide_columns(existing, part.fields)
+        schema = typed_batch_schema(columns)
+
+        def typing(batches: Iterable[Any]) -> Iterator[Any]:
+            for batch in batches:
+                with recursion_limit(TYPING_RECURSION_LIMIT):
+                    yield type_batch(batch.to_pylist(), columns, name)
+
+        typed = (
+            mine.withColumn("raw_key", f.encode("aggregate_id", "UTF-8"))
+            .withColumn("raw_value", f.encode("payload", "UTF-8"))
+            .mapInArrow(typing, from_arrow_schema(schema))
+            .withColumn("_table", f.lit(name))
+            .persist()
+        )
+        if owner is None:
+            create_table(
+                self.settings, uri, _typed_arrow_schema(schema), by_day=True, owner=aggregate_type
+            )
+        rows = typed.where("_reason IS NULL").drop(
+            "_reason", "_topic", "_partition", "_offset", "_key", "_value", "_table"
+        )
+        table = open_table(self.settings, uri)
+        assert table is not None
+        landed = rows_within(self.settings, table, uri, part.ranges, ["event_id"])
+        if landed.num_rows:
+            rows = rows.join(
+                f.broadcast(spark.createDataFrame(landed.select(["event_id"]))),
+                "event_id",
+                "left_anti",
+            )
+        append(rows, uri, {"mergeSchema": "true"})
+        return typed
+
+    def _quarantine(self, spark: SparkSession, set_aside: list[DataFrame]) -> int:
+        """The typed rows set aside, into ``quarantine`` (those it lacks); how many."""
+        from pyspark.sql import functions as f
+
+        if not set_aside:
+            return 0
+        rows = set_aside[0]
+        for frame in set_aside[1:]:
+            rows = rows.unionByName(frame)
+        rows = rows.select(
+            f.concat_ws(":", f.col("_table"), f.col("event_id")).alias("quarantine_id"),
+            f.col("_table").alias("target_table"),
+            f.col("_topic").alias("topic"),
+            f.col("_partition").alias("partition"),
+            f.col("_offset").alias("offset"),
+            f.col("_key").alias("key"),
+            f.col("_value").alias("value"),
+            "event_id",
+            f.col("_reason").alias("reason"),
+        ).persist()
+        try:
+            count = rows.count()
+            if count:
+                absent = absent_rows(spark, self.quarantine_uri, rows, "quarantine_id", None)
+                append(
+                    absent.withColumn("ingest_time", f.current_timestamp()).select(
+                        *QUARANTINE_TABLE.names
+                    ),
+                    self.quarantine_uri,
+                )
+            return count
+        finally:
+            rows.unpersist()
+
+
+def _typed_arrow_schema(schema: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.schema([column for column in schema if not column.name.startswith("_")])
