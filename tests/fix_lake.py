@@ -108,20 +108,28 @@ def ingest_in_process(env: dict[str, str]) -> bool:
     from outbox_cli._common import kafka_settings, load
     from outbox_cli.lake import with_spark_jars
     from outbox_lake.ingest import Ingest
-    from outbox_lake.session import spark_session
     from outbox_lake.settings import LakeSettings
 
-    global _shared_spark
     with mock.patch.dict(os.environ, env):
         settings = load(LakeSettings)
         if not settings.is_local:
             return False
         settings = with_spark_jars(settings)
         kafka = kafka_settings()
-    if _shared_spark is None:
-        _shared_spark = spark_session(settings)
-    Ingest(_shared_spark, settings, kafka).run(threading.Event(), available_now=True)
+    Ingest(shared_spark(settings), settings, kafka).run(threading.Event(), available_now=True)
     return True
+
+
+def shared_spark(settings: Any = None) -> Any:
+    """The suite's one Spark session (as the lake job makes it), started on first use."""
+    from outbox_cli.lake import with_spark_jars
+    from outbox_lake.session import spark_session
+    from outbox_lake.settings import LakeSettings
+
+    global _shared_spark
+    if _shared_spark is None:
+        _shared_spark = spark_session(settings or with_spark_jars(LakeSettings()))
+    return _shared_spark
 
 
 def stop_shared_spark() -> None:

@@ -216,6 +216,7 @@ class Ingest:
                 typed_query = self._start_typed_query(progress, available_now=True)
                 self._wait(typed_query, stop)
                 self._raise_if_failed(typed_query, guard, None)
+                self._record_typed_progress(typed_query, sink)
                 return
             typed_query = self._start_typed_query(progress, available_now=False)
             while kafka_query.isActive and typed_query.isActive and not stop.is_set():
@@ -223,6 +224,7 @@ class Ingest:
             self._stop_after_the_batch(kafka_query, typed_query)
             self._raise_if_failed(kafka_query, guard, sink)
             self._raise_if_failed(typed_query, guard, None)
+            self._record_typed_progress(typed_query, sink)
         finally:
             for query in (kafka_query, typed_query):
                 if query is not None and query.isActive:
@@ -311,6 +313,14 @@ class Ingest:
         if isinstance(ours, OutboxError):
             raise ours from None
         raise failed
+
+    def _record_typed_progress(self, typed_query: StreamingQuery, sink: EventsSink) -> None:
+        """The typed query's last progress (read now, not from the listener's thread),
+        recorded in ``events`` when it moved."""
+        last = typed_query.lastProgress
+        if last:
+            self.listener.progressed(last)
+        sink.record_typed_progress(self.spark)
 
     def _stop_after_the_batch(self, *queries: StreamingQuery) -> None:
         """Let the batch under way land (its commits are idempotent either way), then stop."""

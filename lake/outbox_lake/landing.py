@@ -186,7 +186,7 @@ class EventsSink:
             if not shape.ends:
                 return
             with self._timed("check"):
-                topic_ids = self.check(shape, self.progress)
+                topic_ids = self.check(shape, self._known())
             counts = self._write(frame.sparkSession, read, shape, topic_ids)
         finally:
             with self._timed("unpersist"):
@@ -286,7 +286,7 @@ class EventsSink:
                     topic_ids,
                     started_over=self.started_over,
                 ),
-                self.typed_through(),
+                self._typed_through(),
             )
             with self._timed("events"):
                 append(
@@ -304,6 +304,39 @@ class EventsSink:
             if slow is not None:
                 slow.unpersist()
         return counts
+
+    def _typed_through(self) -> int | None:
+        """How far the typed tables have come: as the typed query last said, never less
+        than the progress already recorded."""
+        said, known = self.typed_through(), self.progress.typed_through
+        return known if said is None else max(said, known or said)
+
+    def record_typed_progress(self, spark: SparkSession) -> None:
+        """A commit of ``events`` with no row, when the typed tables have come further than
+        its last commit says (after a run that ends: the next batch would say it)."""
+        from pyspark.sql import functions as f
+
+        typed = self._typed_through()
+        if typed is None or typed == self.progress.typed_through:
+            return
+        after = LakeProgress(self.progress.partitions, typed)
+        empty = spark.read.format("delta").load(self.events_uri).limit(0)
+        append(
+            empty.select(*(f.col(n) for n in EVENTS_TABLE.names)),
+            self.events_uri,
+            {"userMetadata": after.to_metadata()},
+        )
+        self.progress = after
+
+    def _known(self) -> LakeProgress:
+        """The progress the batch is checked against: without the topics started over."""
+        if not self.started_over:
+            return self.progress
+        partitions = self.progress.partitions
+        return LakeProgress(
+            {w: p for w, p in partitions.items() if w.topic not in self.started_over},
+            self.progress.typed_through,
+        )
 
     def _landed(self, ranges: list[IdRange]) -> Any:
         """``events``' rows in ``ranges``, read on the driver (``deltalake``, the table's

@@ -13,6 +13,7 @@ for times, no secret and no payload in any label or value.
 
 from __future__ import annotations
 
+import collections
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -26,6 +27,8 @@ class LakeMetrics:
         r = self.registry
         self.newest_event_time = 0.0
         self.completed_batches = 0
+        self.batch_durations: collections.deque[float] = collections.deque(maxlen=10_000)
+        """The last micro-batches' durations, seconds (benchmarks read them)."""
         self.freshness = Gauge(
             "outbox_lake_freshness_seconds",
             "Seconds since the newest event in the events table was created (0 before any).",
@@ -89,5 +92,6 @@ class LakeMetrics:
         self.completed_batches += 1
         self.last_batch_time.set_to_current_time()
         self.batch_seconds.observe(seconds)
+        self.batch_durations.append(seconds)
         if newest_event_time is not None:
             self.saw_events(newest_event_time)

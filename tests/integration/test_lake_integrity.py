@@ -291,14 +291,32 @@ def test_a_deleted_checkpoint_re_reads_and_lands_new_events_exactly_once(
     for table in ("events", typed_table_name(aggregate_type)):
         ids = [row["event_id"] for row in rows(root, table)]
         assert len(ids) == len(set(ids)) == 45, table
-    assert not (root / "quarantine").exists()
-    # The lake's _progress records how far every table has taken each partition.
+    assert rows(root, "quarantine") == []  # every table exists from the first batch, empty
+    # The last commit of events records how far the lake has read each partition, and how
+    # far the typed tables have come; no table of its own keeps it.
+    from outbox_lake.offsets import Partition
+    from outbox_lake.progress import latest_progress
+
     events = rows(root, "events")
-    progress = {(r["topic"], r["partition"]): r for r in rows(root, "_progress")}
+    progress = latest_progress(DeltaTable(str(root / "events")))
+    assert progress is not None and progress.typed_through is not None
+    assert not (root / "_progress").exists()
     for partition in {row["partition"] for row in events}:
         last = max(row["offset"] for row in events if row["partition"] == partition)
-        kept = progress[(topic_for(aggregate_type), partition)]
-        assert kept["end_offset"] == last + 1 and kept["topic_id"] and kept["last_record"]
+        kept = progress.partitions[Partition(topic_for(aggregate_type), partition)]
+        assert kept.end_offset == last + 1 and kept.topic_id and kept.last_record
+
+    # The typed query's checkpoint alone deleted: it goes on from where the typed tables
+    # stand (recorded in events), adding nothing twice.
+    for folder in (root / "_checkpoints").iterdir():
+        if folder.name.endswith("-typed"):
+            shutil.rmtree(folder)
+    more = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(45, 50)]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in more])
+    ingested(env)
+    for table in ("events", typed_table_name(aggregate_type)):
+        ids = [row["event_id"] for row in rows(root, table)]
+        assert len(ids) == len(set(ids)) == 50, table
 
 
 def test_typed_tables_of_types_with_alike_names_never_share_or_drop_rows(
@@ -397,13 +415,107 @@ def test_a_recreated_topic_is_reported_and_skipped_only_when_asked(
     assert {dict(r.headers)["id"].decode() for r in new} <= {str(i) for i in ids}
 
 
+def test_a_replaced_topic_refilled_while_the_job_starts_over_loses_nothing(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    """The review's case: 10 events read, the topic recreated with 3, the job (told to go
+    on) killed right after it decided to read the new topic from its start, 4 more records
+    while it starts again: all 17 land. The decision is made again after the kill (nothing
+    recorded it before a batch of the new log landed), and the query reads the new log from
+    its start instead of resuming at the old log's offset 10."""
+    prefix = f"n{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}order"
+    topic = topic_for(aggregate_type)
+    bootstrap = kafka_services.bootstrap_servers
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        old = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(10)]
+        send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in old])
+        root = tmp_path / "lake"
+        env = lake_env(root, prefix, bootstrap)
+        ingested(env)
+        admin.delete_topics([topic])
+        wait_until(lambda: topic not in admin.list_topics(), timeout=30, what="topic deleted")
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+    new = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(100, 103)]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in new])
+    going_on = {**env, "OUTBOX_LAKE_FAIL_ON_DATA_LOSS": "false"}
+    log = tmp_path / "first.log"
+    with continuous_ingest(going_on, log) as job:
+        wait_until(
+            lambda: "was moved to" in log.read_text(errors="replace"),
+            timeout=240,
+            what="the job decided to read the new topic from its start",
+        )
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    later = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(103, 107)]
+    with continuous_ingest(going_on, tmp_path / "second.log") as job:
+        send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in later])
+        wait_until(
+            lambda: (root / "events").exists() and len(rows(root, "events")) >= 17,
+            timeout=240,
+            what="the 7 events of the new topic landed",
+        )
+        os.killpg(job.pid, signal.SIGTERM)
+        assert job.wait(timeout=180) == 0
+    ids = [row["event_id"] for row in rows(root, "events")]
+    assert len(ids) == len(set(ids)) == 17
+    wanted = {dict(r.headers)["id"].decode() for r in (*old, *new, *later)}
+    assert set(ids) == wanted
+
+
+def test_a_topic_retired_after_the_lake_read_it_all_does_not_stop_the_lake(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    """Deleting one aggregate type's topic once it is ingested is an operator step: the job
+    goes on with the others (Spark's source would stop on the partitions it lost)."""
+    prefix = f"d{uuid.uuid4().hex[:8]}"
+    retired, kept = topic_for(f"{prefix}old"), topic_for(f"{prefix}new")
+    bootstrap = kafka_services.bootstrap_servers
+    first = [contract_record(f"{prefix}old", "{}"), contract_record(f"{prefix}new", "{}")]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in first])
+    root = tmp_path / "lake"
+    env = lake_env(root, prefix, bootstrap)
+    ingested(env)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.delete_topics([retired])
+        wait_until(lambda: retired not in admin.list_topics(), timeout=30, what="topic deleted")
+    finally:
+        admin.close()
+    later = [contract_record(f"{prefix}new", json.dumps({"n": n})) for n in range(5)]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in later])
+    ingested(env)  # with OUTBOX_LAKE_FAIL_ON_DATA_LOSS on, as by default
+    topics = [row["topic"] for row in rows(root, "events")]
+    assert topics.count(kept) == 6 and topics.count(retired) == 1
+
+
 def forget_topic_ids(root: Path) -> None:
-    """Make the lake's progress that of a broker that gives no topic ids."""
-    progress = DeltaTable(str(root / "_progress")).to_pyarrow_table()
-    assert all(progress.column("topic_id").to_pylist()), "the lake recorded the topic's id"
-    index = progress.schema.get_field_index("topic_id")
-    cleared = progress.set_column(index, "topic_id", pa.nulls(progress.num_rows, pa.string()))
-    write_deltalake(str(root / "_progress"), cleared, mode="overwrite")
+    """Make the lake's progress that of a broker that gives no topic ids: one more commit
+    of ``events``, with no rows, whose progress has none."""
+    from deltalake import CommitProperties
+
+    from outbox_lake.offsets import Progress
+    from outbox_lake.progress import LakeProgress, latest_progress
+    from outbox_lake.tables import EVENTS_TABLE
+
+    events = DeltaTable(str(root / "events"))
+    progress = latest_progress(events)
+    assert progress is not None and all(p.topic_id for p in progress.partitions.values())
+    cleared = LakeProgress(
+        {w: Progress(p.end_offset, None, p.last_record) for w, p in progress.partitions.items()},
+        progress.typed_through,
+    )
+    write_deltalake(
+        str(root / "events"),
+        EVENTS_TABLE.arrow_schema().empty_table(),
+        mode="append",
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": cleared.to_metadata()}),
+    )
 
 
 # -- commit order ------------------------------------------------------------------------
@@ -498,7 +610,7 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
     prefix = f"s{uuid.uuid4().hex[:8]}"
     aggregate_type = f"{prefix}order"
     bootstrap = kafka_services.bootstrap_servers
-    records = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(4000)]
+    records = [contract_record(aggregate_type, json.dumps({"n": n})) for n in range(20_000)]
     send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
     root = tmp_path / "lake"
     port = free_port()
@@ -540,11 +652,11 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
         assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
     assert "stopped on SIGTERM" in log.read_text()
     landed = len(rows(root, "events"))
-    assert 0 < landed < 4000, "stopped too late to prove anything"
-    rest = lake_env(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="10000")
+    assert 0 < landed < 20_000, "stopped too late to prove anything"
+    rest = lake_env(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="50000")
     ingested(rest)  # the rest, in one batch
     ids = [row["event_id"] for row in rows(root, "events")]
-    assert len(ids) == len(set(ids)) == 4000
+    assert len(ids) == len(set(ids)) == 20_000
 
 
 # -- a lake of an earlier release ------------------------------------------------------------

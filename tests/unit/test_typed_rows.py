@@ -122,6 +122,17 @@ def test_decimals_the_sdk_writes_land_exact_in_a_decimal_column_that_sums() -> N
     assert float(sum(float(t) for t in totals)) != 550.0  # what a double column would give
 
 
+def test_a_decimal_over_38_digits_only_by_trailing_zeros_lands_in_its_column() -> None:
+    """The review's case: the SDK accepts it, and it fits decimal(38,18) exactly; Arrow
+    refused the Decimal as written (40 digits)."""
+    value = Decimal("1234567890.000000000000000000000000000000")
+    out = typed([event(encode_json({"total": value}))], {})
+    assert reasons(out) == []
+    assert out[0]["total"] == value
+    again = typed([event(encode_json({"total": value}))], {"total": "decimal"})
+    assert reasons(again) == [] and again[0]["total"] == value
+
+
 def test_what_a_number_of_another_kind_becomes_in_an_existing_column() -> None:
     existing = {"amount": "decimal", "ratio": "double", "note": "string", "count": "long"}
     rows = [
