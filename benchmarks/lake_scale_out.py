@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -26,7 +27,9 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from benchmarks._shared import postgres_and_broker
 from benchmarks.lake_ingest import lake_settings, produce
-from outbox_lake.job import run_ingest, spark_session
+from outbox.settings import KafkaSettings
+from outbox_lake.ingest import Ingest
+from outbox_lake.session import spark_session
 from outbox_stack.spark_cluster import SparkCluster
 
 
@@ -47,7 +50,8 @@ def rate(master: str, root: Path, bootstrap: str, aggregate_type: str, events: i
     spark = spark_session(settings)
     try:
         started = time.monotonic()
-        run_ingest(settings, bootstrap, available_now=True, spark=spark)
+        kafka = KafkaSettings(bootstrap_servers=bootstrap)
+        Ingest(spark, settings, kafka).run(threading.Event(), available_now=True)
         elapsed = time.monotonic() - started
     finally:
         spark.stop()

@@ -34,14 +34,15 @@ from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, write_deltalake
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
 import outbox_migrations
 from outbox.core.contract import headers_for, topic_for
 from outbox_lake.names import typed_table_name
-from outbox_lake.progress import app_id
+from outbox_lake.offsets import Partition, Progress
+from outbox_lake.progress import LakeProgress
 from outbox_lake.tables import EVENTS, EVENTS_TABLE
 from outbox_lake.typed_rows import TYPED_BASE
 from outbox_stack import PostgresCluster, StackSettings
@@ -86,8 +87,9 @@ def produce_and_land(bootstrap: str, lake: Path, prefix: str, start: int, count:
             key = (str(row["topic"]), partition)
             ends[key] = max(ends.get(key, 0), offset + 1)
         table = pa.Table.from_pylist(events, schema=EVENTS_SCHEMA)
-        commit = CommitProperties(
-            app_transactions=[Transaction(app_id(t, p), e) for (t, p), e in ends.items()]
+        progress = LakeProgress({Partition(t, p): Progress(e) for (t, p), e in ends.items()})
+        commit = (
+            CommitProperties(custom_metadata={"userMetadata": progress.to_metadata()})
             if final
             else None
         )

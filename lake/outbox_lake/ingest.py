@@ -42,7 +42,7 @@ from outbox_lake.metrics import LakeMetrics
 from outbox_lake.offsets import starting_offsets
 from outbox_lake.progress import LakeProgress
 from outbox_lake.settings import LakeSettings
-from outbox_lake.storage import check_access
+from outbox_lake.storage import check_access, has_folder, open_table
 from outbox_lake.tables import EVENTS_TABLE
 from outbox_lake.typed import TypedSink, typed_through
 from outbox_lake.upgrade import earlier_progress, move_aside_earlier_checkpoint
@@ -127,6 +127,12 @@ class _Listener:
                     self.typed_through = max(self.typed_through or through, through)
                 if progress.get("numInputRows"):
                     self.typed_batches += 1
+
+
+def _batch_id(query: StreamingQuery) -> int | None:
+    """The id of the query's last completed batch (None before any)."""
+    last = query.lastProgress
+    return None if not last else int(last["batchId"])
 
 
 def _offsets(value: Any) -> dict[str, Any]:
@@ -257,8 +263,10 @@ class Ingest:
     def _start_typed_query(self, progress: LakeProgress, *, available_now: bool) -> StreamingQuery:
         sink = TypedSink(self.settings, self.metrics)
         reader = self.spark.readStream.format("delta").option("skipChangeCommits", "true")
-        if progress.typed_through is not None and not self._has_checkpoint(self.typed_checkpoint):
-            reader = reader.option("startingVersion", str(progress.typed_through + 1))
+        if not self._has_checkpoint(self.typed_checkpoint):
+            start = self._typed_start(progress)
+            if start is not None:
+                reader = reader.option("startingVersion", str(start))
         writer = (
             reader.load(self.settings.table_uri(EVENTS_TABLE.name))
             .writeStream.queryName(self.typed_query_name)
@@ -267,6 +275,19 @@ class Ingest:
         )
         query: StreamingQuery = self._trigger(writer, available_now).start()
         return query
+
+    def _typed_start(self, progress: LakeProgress) -> int | None:
+        """Where a typed query without a checkpoint starts reading ``events``: after the
+        version the typed tables have reached; from version 0 on a lake whose log still
+        holds it (every commit read as a change: offsets then say how far it has come);
+        else (None) from a snapshot of the table."""
+        if progress.typed_through is not None:
+            return progress.typed_through + 1
+        try:
+            first = open_table(self.settings, self.settings.table_uri(EVENTS_TABLE.name), 0)
+        except Exception:  # the log was cleaned up: no version 0 to read from
+            return None
+        return 0 if first is not None else None
 
     def _trigger(self, writer: Any, available_now: bool) -> Any:
         if available_now:
@@ -323,11 +344,17 @@ class Ingest:
         sink.record_typed_progress(self.spark)
 
     def _stop_after_the_batch(self, *queries: StreamingQuery) -> None:
-        """Let the batch under way land (its commits are idempotent either way), then stop."""
+        """Let the batch under way land (its commits are idempotent either way), then stop:
+        as soon as a batch completes after the request, or between two triggers; a batch
+        that started meanwhile is only reading, and is abandoned."""
         deadline = time.monotonic() + _STOP_PATIENCE_SECONDS
         for query in queries:
+            done_before = _batch_id(query)
             while (
-                query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline
+                query.isActive
+                and query.status["isTriggerActive"]
+                and _batch_id(query) == done_before
+                and time.monotonic() < deadline
             ):
                 time.sleep(0.05)
             query.stop()
@@ -341,10 +368,12 @@ class Ingest:
         """The Kafka query's checkpoint holds offsets of a log that is gone: moved aside
         (kept for inspection), so the query starts where the lake's progress says."""
         if not self.settings.is_local:
-            raise DataLossError(
-                f"{why}: delete the Kafka query's checkpoint {self.settings.checkpoint} "
-                "and start the job again (it starts where the lake's tables stand)"
-            )
+            if has_folder(self.settings, f"_checkpoints/{self.settings.query_name}"):
+                raise DataLossError(
+                    f"{why}: delete the Kafka query's checkpoint {self.settings.checkpoint} "
+                    "and start the job again (it starts where the lake's tables stand)"
+                )
+            return
         folder = Path(self.settings.checkpoint)
         if folder.exists():
             aside = folder.with_name(f"{folder.name}.replaced-{int(time.time())}")

@@ -197,6 +197,7 @@ class EventsSink:
         self.metrics.duplicates.inc(counts.get("duplicate", 0))
         self.metrics.conflicting.inc(counts.get("conflicting", 0))
         self.metrics.quarantined.labels("record").inc(counts.get("record", 0))
+        self.metrics.quarantined.labels("conflicting").inc(counts.get("conflicting", 0))
         log.info(
             "batch %d: %d records, %d events landed, %d duplicates, %d conflicting, "
             "%d set aside, %.2f s (%s)",

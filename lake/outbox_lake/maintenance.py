@@ -2,8 +2,9 @@
 
 On a local folder, safe beside a running ingest: compaction is a Delta commit like any other,
 and both writers (Spark's and ``deltalake``) commit a version by creating its file only if
-it is absent, so of two racing commits one fails and retries (the sink's merge retries on a
-commit conflict, and is idempotent); vacuum only deletes files that left the table longer
+it is absent, so of two racing commits one fails and retries (the job's appends are blind
+appends, which Delta rebases over a compaction; compaction changes no data, and the typed
+query's Delta source skips it); vacuum only deletes files that left the table longer
 ago than the retention (7 days by default), so no running reader loses a file it still uses.
 
 On object storage, not beside a running ingest: Spark's Delta writer commits through S3A

@@ -5,10 +5,12 @@ for times, no secret and no payload in any label or value.
 
 - freshness: seconds since the newest event in ``events`` was created (computed when
   scraped, so it grows while nothing lands);
-- per batch: its duration, the events it landed, the duplicates it dropped (within the batch
-  and against the table), what it sent to quarantine (by target table kind);
-- consumer lag per partition (records on the broker not yet in the lake), where the broker's
-  end offsets can be trusted (``OUTBOX_LAKE_END_OFFSETS=broker``).
+- per batch: its duration and stages, the events it landed, the duplicates it dropped (within
+  the batch and against the table), the conflicting copies it set aside, what it sent to
+  quarantine (by kind);
+- consumer lag per partition (records on the broker not yet in the lake), from the Kafka
+  query's progress (``StreamingQueryListener``: the latest offsets Spark's source saw beside
+  where its batch ended).
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ class LakeMetrics:
         )
         self.stage_seconds = Histogram(
             "outbox_lake_stage_seconds",
-            "Time of each stage of a micro-batch: read_parse (Kafka to parsed rows on the "
-            "driver), typed, quarantine, events (their Delta merges).",
+            "Time of each stage of a micro-batch: plan, shape, check, landed, dedup, "
+            "quarantine, events, unpersist; the typed query's typed_shape, typed_typed, "
+            "typed_quarantine.",
             ["stage"],
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
             registry=r,
@@ -71,7 +74,8 @@ class LakeMetrics:
         )
         self.quarantined = Counter(
             "outbox_lake_quarantined",
-            "Rows sent to quarantine, by kind (record: not a usable event; typed: a typed row).",
+            "Rows sent to quarantine, by kind (record: not a usable event; conflicting: another "
+            "copy of an event id with other content; typed: a typed row).",
             ["kind"],
             registry=r,
         )

@@ -4,9 +4,10 @@ Spark's Kafka source keeps its own offsets in the checkpoint and notices records
 retention and partitions that shrank. It does not notice a topic deleted and recreated and
 refilled past where the lake stood, nor a broker replaced under the lake: offsets of
 another log would silently skip its first records. The job therefore keeps, in the lake's
-``_progress`` table, per partition: the offset after the last record every table has taken
-in, the topic's Kafka id, and a fingerprint of that last record; and checks the broker
-against it at start and before every batch (:func:`losses`).
+progress (each commit of ``events``, :mod:`outbox_lake.progress`), per partition: the
+offset after the last record the lake has taken in, the topic's Kafka id, and a
+fingerprint of that last record; and checks the broker against it at start and before
+every batch (:func:`losses`, through :mod:`outbox_lake.guard`).
 
 Every decision here is a named function over typed values, no I/O.
 """
@@ -57,7 +58,7 @@ class Partition:
 
 @dataclass(frozen=True)
 class Progress:
-    """How far the lake has read one partition (a ``_progress`` row)."""
+    """How far the lake has read one partition."""
 
     end_offset: int
     """The offset after the last record every table has taken in."""

@@ -5,7 +5,8 @@ What each setting is for:
 
 - loopback by default (``spark.driver.host``/``bindAddress``, ``SPARK_LOCAL_IP``), no UI;
 - secrets redacted wherever Spark shows options (Kafka's SASL JAAS line, a client key);
-- Delta's extension and catalog;
+- Delta's extension and catalog; empty appends committed (a batch of duplicates only still
+  records the lake's progress in ``events``);
 - **a micro-batch's fixed cost cut** (benchmarks/notes.md, "The lake at stream speed"): two
   shuffle partitions and two snapshot partitions (small batches, two cores); no adaptive
   execution (it replans every small batch); no checksum file per Delta commit; a Delta
@@ -68,6 +69,8 @@ def spark_conf(settings: LakeSettings) -> dict[str, str]:
         "spark.driver.memory": "1g",
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # A batch with no new event still commits to events: its commit carries the progress.
+        "spark.databricks.delta.skipRecordingEmptyCommits": "false",
         **TUNED,
         "spark.sql.streaming.noDataProgressEventInterval": "500ms",
         **hadoop_conf(settings),  # s3:// roots; never a credential

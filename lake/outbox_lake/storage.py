@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_access",
     "hadoop_conf",
+    "has_folder",
     "is_table",
     "open_table",
     "storage_error",
@@ -185,6 +186,26 @@ def _children(settings: LakeSettings) -> list[str]:
             raise refused from error
         raise
     return [info.base_name for info in found if info.type == FileType.Directory]
+
+
+def has_folder(settings: LakeSettings, name: str) -> bool:
+    """Whether anything is stored under ``name`` (a path below the root)."""
+    if settings.is_local:
+        return (Path(settings.root) / name).exists()
+    from deltalake.fs import DeltaStorageHandler
+    from pyarrow.fs import FileSelector, PyFileSystem
+
+    handler = DeltaStorageHandler(settings.root.rstrip("/"), storage_options(settings))
+    try:
+        found = PyFileSystem(handler).get_file_info(
+            FileSelector(name, recursive=False, allow_not_found=True)
+        )
+    except OSError as error:
+        refused = storage_error(error, settings)
+        if refused is not None:
+            raise refused from error
+        raise
+    return bool(found)
 
 
 def table_names(settings: LakeSettings) -> list[str]:

@@ -17,7 +17,6 @@ __all__ = [
     "EVENTS",
     "EVENTS_TABLE",
     "PROGRESS",
-    "PROGRESS_TABLE",
     "QUARANTINE",
     "QUARANTINE_TABLE",
     "TYPED_BASE",
@@ -35,6 +34,7 @@ Kind = Literal["string", "long", "int", "double", "boolean", "binary", "date", "
 EVENTS = "events"
 QUARANTINE = "quarantine"
 PROGRESS = "_progress"
+"""Where an earlier release kept the lake's progress (:mod:`outbox_lake.upgrade` reads it)."""
 TYPED_PREFIX = "aggregate_"
 
 
@@ -51,9 +51,9 @@ class Table:
     one_row_per: str
     columns: tuple[Column, ...]
     key: str
-    """The column the insert-only merge is keyed on."""
+    """The column a row is known by: an append keeps only the keys the table lacks."""
     by_day: bool
-    """Partitioned by ``event_date`` (the merge is restricted to the batch's days)."""
+    """Partitioned by ``event_date`` (the dedup's reads are restricted to the batch's days)."""
 
     @property
     def names(self) -> list[str]:
@@ -165,25 +165,6 @@ QUARANTINE_TABLE = Table(
         _INGEST_TIME,
     ),
     key="quarantine_id",
-    by_day=False,
-)
-
-PROGRESS_TABLE = Table(
-    PROGRESS,
-    "topic partition the lake has read",
-    (
-        Column("topic", "string", "a topic the lake reads"),
-        Column("partition", "int", "its partition"),
-        Column("end_offset", "long", "the offset after the last record every table has taken in"),
-        Column("topic_id", "string", "the topic's Kafka id when it was read (none: unknown)"),
-        Column(
-            "last_record",
-            "string",
-            "a fingerprint of the record at `end_offset - 1` (its timestamp and a CRC-32)",
-        ),
-        Column("updated", "timestamp", "when this row last moved"),
-    ),
-    key="topic",
     by_day=False,
 )
 

@@ -118,12 +118,18 @@ class TypeShape:
 
 def typed_through(end_offset: dict[str, Any] | None) -> int | None:
     """The ``events`` version all of whose rows a typed query has processed, from its Delta
-    source's end offset (``reservoirVersion``: the version it reads next, or is reading
-    from ``index``; an initial snapshot is done only when the offset leaves it)."""
+    source's end offset: ``reservoirVersion`` is the version it has read into, up to file
+    ``index`` (Delta's ``END_INDEX``: all of it); an initial snapshot (the query started
+    without ``startingVersion``) is done only when the offset has left it."""
     if not end_offset or end_offset.get("isStartingVersion", True):
         return None
     version = int(end_offset.get("reservoirVersion", 0))
-    return version - 1 if version > 0 else None
+    done = version if int(end_offset.get("index", -1)) == _END_INDEX else version - 1
+    return done if done >= 0 else None
+
+
+_END_INDEX = 2**63 - 101  # Long.MAX_VALUE - 100
+"""Delta's ``DeltaSourceOffset.END_INDEX``: every file of the version was read."""
 
 
 def _with_fields(batches: Iterable[Any]) -> Iterator[Any]:

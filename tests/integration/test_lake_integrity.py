@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from outbox import Event, Outbox
+from outbox import Event, Outbox, new_event_id
 from outbox.core.contract import topic_for
 from outbox_lake.names import typed_table_name
 from tests.fix_lake import (
@@ -492,6 +492,45 @@ def test_a_topic_retired_after_the_lake_read_it_all_does_not_stop_the_lake(
     ingested(env)  # with OUTBOX_LAKE_FAIL_ON_DATA_LOSS on, as by default
     topics = [row["topic"] for row in rows(root, "events")]
     assert topics.count(kept) == 6 and topics.count(retired) == 1
+
+
+def test_copies_of_an_event_id_with_other_content_are_set_aside_never_landed(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    """Two copies of one id are duplicates only when their content is the same: a copy with
+    other content (an id reused or forged) is never a duplicate, never replaces the first
+    copy, and is set aside with the reason naming where the first was read; in the same
+    batch and against what landed before; read again, nothing is added twice."""
+    prefix = f"f{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}order"
+    topic = topic_for(aggregate_type)
+    bootstrap = kafka_services.bootstrap_servers
+    event_id = new_event_id()
+    real = contract_record(aggregate_type, '{"total": 10}', event_id=event_id)
+    forged = contract_record(aggregate_type, '{"total": 0}', event_id=event_id)
+    other = contract_record(aggregate_type, '{"n": 1}')
+    batch = [real, forged, real, other]
+    sent = send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in batch])
+    root = tmp_path / "lake"
+    env = lake_env(root, prefix, bootstrap)
+    ingested(env)
+    again = contract_record(aggregate_type, '{"total": 99}', event_id=event_id, event_type="X")
+    send(bootstrap, [(again.topic, again.key, again.value, list(again.headers))])
+    ingested(env)
+    shutil.rmtree(root / "_checkpoints")
+    ingested(env)  # everything read again
+
+    landed = rows(root, "events")
+    assert sorted(row["payload"] for row in landed) == ['{"n": 1}', '{"total": 10}']
+    typed = rows(root, typed_table_name(aggregate_type))
+    assert sorted(row["event_id"] for row in typed) == sorted(row["event_id"] for row in landed)
+    set_aside = sorted(rows(root, "quarantine"), key=lambda row: row["offset"])
+    assert [row["value"] for row in set_aside] == [b'{"total": 0}', b'{"total": 99}']
+    first_at = f"{topic}[{sent[0].partition}]@{sent[0].offset}"
+    for row in set_aside:
+        assert row["event_id"] == str(event_id) and row["target_table"] == "events"
+        assert row["reason"].startswith(f"conflicting copy: another copy of event {event_id}")
+        assert first_at in row["reason"]
 
 
 def forget_topic_ids(root: Path) -> None:
