@@ -29,9 +29,9 @@ from outbox_lake.storage import is_table, open_table, storage_options
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame
 
-__all__ = ["IdRange", "absent_rows", "append", "create_table", "id_ranges", "within"]
+__all__ = ["IdRange", "append", "append_absent", "create_table", "id_ranges", "within"]
 
 log = logging.getLogger("outbox.lake.writes")
 
@@ -105,7 +105,7 @@ def within(ranges: Iterable[IdRange]) -> Column | None:
     return condition
 
 
-def files_within(table: DeltaTable, ranges: Iterable[IdRange]) -> list[str]:
+def files_within(table: DeltaTable, ranges: list[IdRange]) -> list[str]:
     """The table's data files that may hold an id of ``ranges``, by their day (partition)
     and their ``event_id`` statistics (a file without statistics may hold any)."""
     import pyarrow as pa
@@ -114,6 +114,12 @@ def files_within(table: DeltaTable, ranges: Iterable[IdRange]) -> list[str]:
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return []
+    if "min.event_id" not in actions.column_names or "max.event_id" not in actions.column_names:
+        # no file has statistics on event_id (a table written without them): every file
+        # of the batch's days may hold one
+        days = pa.array(sorted({item.day for item in ranges}), pa.date32())
+        keep_all = pc.is_in(actions.column("partition.event_date"), value_set=days)
+        return [str(path) for path in actions.filter(keep_all).column("path").to_pylist()]
     low, high = actions.column("min.event_id"), actions.column("max.event_id")
     unknown = pc.or_(pc.is_null(low), pc.is_null(high))
     day = actions.column("partition.event_date")
@@ -160,21 +166,33 @@ def rows_within(
     return dataset.to_table(filter=condition)
 
 
-def absent_rows(
-    spark: SparkSession,
-    uri: str,
-    rows: DataFrame,
-    key: str,
-    where: Column | None,
-) -> DataFrame:
-    """``rows`` whose ``key`` the table at ``uri`` lacks, reading the table only ``where``
-    (None: all of it, for a small table)."""
+def append_absent(
+    settings: LakeSettings, uri: str, rows: DataFrame, key: str, columns: list[str]
+) -> int:
+    """Append the ``rows`` (few: quarantine rows) whose ``key`` the table at ``uri`` lacks;
+    how many. The keys are looked up on the driver (``deltalake``), not by a Spark scan of
+    the table: a scan inside the write would make it a reading transaction, which conflicts
+    with the other query's appends and with a compaction."""
+    import pyarrow.dataset as ds
     from pyspark.sql import functions as f
 
-    existing = spark.read.format("delta").load(uri)
-    if where is not None:
-        existing = existing.where(where)
-    return rows.join(f.broadcast(existing.select(key)), key, "left_anti")
+    rows = rows.persist()
+    try:
+        keys = [row[key] for row in rows.select(key).distinct().collect()]
+        if not keys:
+            return 0
+        table = open_table(settings, uri)
+        known: set[str] = set()
+        if table is not None:
+            found = table.to_pyarrow_dataset().to_table(
+                columns=[key], filter=ds.field(key).isin(keys)
+            )
+            known = {str(value) for value in found.column(0).to_pylist()}
+        new = rows.where(~f.col(key).isin(sorted(known))) if known else rows
+        append(new.withColumn("ingest_time", f.current_timestamp()).select(*columns), uri)
+        return len(set(keys) - known)
+    finally:
+        rows.unpersist()
 
 
 def append(rows: DataFrame, uri: str, options: Mapping[str, str] | None = None) -> None:

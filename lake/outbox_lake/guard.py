@@ -128,16 +128,40 @@ class LogGuard:
         gaps = [
             w for w, start in shape.starts.items() if w in known and start > known[w].end_offset
         ]
+        # A batch starting below where the lake stands reads again (a replay after a crash),
+        # or reads another log under the same topic id (a broker restored, a log truncated
+        # and refilled): the record before where the lake stands tells which.
+        behind = [
+            w for w, start in shape.starts.items() if w in known and start < known[w].end_offset
+        ]
         found = list(replaced)
-        if gaps:  # records in between may be transaction markers only: ask the broker
+        if gaps or behind:  # records in between may be transaction markers only: ask
             broker = self.metadata.partitions()
-            found += [loss for loss in losses({w: known[w] for w in gaps}, broker)]
+            suspect = {w: known[w] for w in (*gaps, *behind)}
+            before = self._records_before({w: known[w] for w in behind}, broker)
+            found += losses(suspect, broker, before)
         decided = verdict(found, self.fail_on_data_loss)
         self._log_skipped(found)
         if decided is not None:
             self.stopped_by = decided
             raise BatchRefused(str(decided))
         return ids
+
+    def watch(self, metadata: KafkaMetadata, progress: LakeProgress) -> Verdict:
+        """Between batches (``metadata``: a client of the caller's thread): a topic replaced
+        or a partition cut below where the lake stands, which Spark's source would skip in
+        silence (its offsets of the old log are ahead of the new one: no batch comes)."""
+        broker = metadata.partitions()
+        found = [
+            loss
+            for loss in losses(progress.partitions, broker)
+            if loss.kind in ("replaced", "truncated")
+        ]
+        decided = verdict(found, self.fail_on_data_loss)
+        if decided is not None:
+            self._log_skipped(found)
+            self.stopped_by = decided
+        return decided
 
     def _log_skipped(self, found: list[Loss]) -> None:
         if self.fail_on_data_loss:
@@ -171,14 +195,22 @@ class LogGuard:
                 ending.setdefault(where.topic, {})[str(where.partition)] = end
         if not starting:
             return found
+        from pyspark.sql import functions as f
+
         frame = self.read_range(starting, ending)
         for row in frame.select(
-            "topic", "partition", "offset", "timestamp", "key", "value", "headers"
+            "topic",
+            "partition",
+            "offset",
+            f.unix_millis("timestamp").alias("millis"),
+            "key",
+            "value",
+            "headers",
         ).collect():  # at most one record per partition
             where = Partition(row["topic"], int(row["partition"]))
             if wanted.get(where) == row["offset"]:
                 headers = [(h["key"], h["value"]) for h in row["headers"] or []]
-                stamp = int(row["timestamp"].timestamp() * 1000)
+                stamp = int(row["millis"] or 0)
                 found[where] = fingerprint(stamp, row["key"], row["value"], headers)
         return found
 

@@ -56,6 +56,8 @@ __all__ = ["Ingest", "kafka_options"]
 log = logging.getLogger("outbox.lake.ingest")
 
 _STOP_PATIENCE_SECONDS = 120.0
+_WATCH_SECONDS = 5.0
+"""How often the running job checks the broker's topics against the lake's progress."""
 
 
 def kafka_options(settings: LakeSettings, kafka: KafkaSettings) -> dict[str, str]:
@@ -225,9 +227,19 @@ class Ingest:
                 self._record_typed_progress(typed_query, sink)
                 return
             typed_query = self._start_typed_query(progress, available_now=False)
-            while kafka_query.isActive and typed_query.isActive and not stop.is_set():
-                kafka_query.awaitTermination(1)
+            watched = KafkaMetadata(self.kafka, self.settings.topic_pattern, patience_seconds=0)
+            try:
+                next_watch = time.monotonic() + _WATCH_SECONDS
+                while kafka_query.isActive and typed_query.isActive and not stop.is_set():
+                    kafka_query.awaitTermination(1)
+                    if time.monotonic() >= next_watch:
+                        next_watch = time.monotonic() + _WATCH_SECONDS
+                        if self._watched(guard, watched, sink) is not None:
+                            break
+            finally:
+                watched.close()
             self._stop_after_the_batch(kafka_query, typed_query)
+            self._act_on(guard)
             self._raise_if_failed(kafka_query, guard, sink)
             self._raise_if_failed(typed_query, guard, None)
             self._record_typed_progress(typed_query, sink)
@@ -324,16 +336,29 @@ class Ingest:
         failed = query.exception()
         if failed is None:
             return
+        self._act_on(guard)
+        ours = getattr(sink, "failure", None)
+        if isinstance(ours, OutboxError):
+            raise ours from None
+        raise failed
+
+    def _watched(self, guard: LogGuard, metadata: KafkaMetadata, sink: EventsSink) -> Any:
+        """The guard's verdict between batches; a broker that does not answer now is asked
+        again at the next watch (the batches wait for it themselves)."""
+        try:
+            return guard.watch(metadata, sink.known())
+        except OutboxError as error:
+            log.warning("the topics were not checked against the lake's progress: %s", error)
+            return None
+
+    def _act_on(self, guard: LogGuard) -> None:
+        """What the guard decided, done: stop with the loss, or start replaced topics over."""
         decided = guard.stopped_by
         if isinstance(decided, Refuse):
             raise DataLossError(decided.reason) from None
         if isinstance(decided, StartOver):
             self._move_checkpoint_aside(f"topics {', '.join(sorted(decided.topics))} replaced")
             raise _StartOver(decided.topics)
-        ours = getattr(sink, "failure", None)
-        if isinstance(ours, OutboxError):
-            raise ours from None
-        raise failed
 
     def _record_typed_progress(self, typed_query: StreamingQuery, sink: EventsSink) -> None:
         """The typed query's last progress (read now, not from the listener's thread),

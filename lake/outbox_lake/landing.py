@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from outbox.core.errors import OutboxError
 from outbox_lake.delta_writes import (
     IdRange,
-    absent_rows,
     append,
+    append_absent,
     create_table,
     id_ranges,
     rows_within,
@@ -186,7 +186,7 @@ class EventsSink:
             if not shape.ends:
                 return
             with self._timed("check"):
-                topic_ids = self.check(shape, self._known())
+                topic_ids = self.check(shape, self.known())
             counts = self._write(frame.sparkSession, read, shape, topic_ids)
         finally:
             with self._timed("unpersist"):
@@ -195,9 +195,9 @@ class EventsSink:
         self.metrics.batch_done(took, shape.newest_event_time)
         self.metrics.events.inc(counts.get("new", 0))
         self.metrics.duplicates.inc(counts.get("duplicate", 0))
-        self.metrics.conflicting.inc(counts.get("conflicting", 0))
-        self.metrics.quarantined.labels("record").inc(counts.get("record", 0))
-        self.metrics.quarantined.labels("conflicting").inc(counts.get("conflicting", 0))
+        # what quarantine did not hold yet (a batch read again sets nothing aside twice)
+        self.metrics.conflicting.inc(counts.get("new_conflicting", 0))
+        self.metrics.quarantined.labels("record").inc(counts.get("new_record", 0))
         log.info(
             "batch %d: %d records, %d events landed, %d duplicates, %d conflicting, "
             "%d set aside, %.2f s (%s)",
@@ -274,12 +274,12 @@ class EventsSink:
                 new = classified.where("class = 'new'")
                 if slow is not None:
                     counts["record"] = int(slow.where("kind = 'quarantine'").count())
-                if counts.get("conflicting", 0) or counts.get("record", 0):
-                    rows = conflicting_copies(classified)
-                    if aside is not None:
-                        rows = aside.unionByName(rows)
-                    with self._timed("quarantine"):
-                        self._quarantine(spark, rows)
+                with self._timed("quarantine"):
+                    if aside is not None and counts.get("record", 0):
+                        counts["new_record"] = self._quarantine(aside)
+                    if counts.get("conflicting", 0):
+                        rows = conflicting_copies(classified)
+                        counts["new_conflicting"] = self._quarantine(rows)
             after = LakeProgress(
                 advanced(
                     self.progress.partitions,
@@ -329,7 +329,7 @@ class EventsSink:
         )
         self.progress = after
 
-    def _known(self) -> LakeProgress:
+    def known(self) -> LakeProgress:
         """The progress the batch is checked against: without the topics started over."""
         if not self.started_over:
             return self.progress
@@ -349,13 +349,10 @@ class EventsSink:
         assert self._events is not None  # created before the first batch
         return rows_within(self.settings, self._events, self.events_uri, ranges, list(_LANDED))
 
-    def _quarantine(self, spark: SparkSession, rows: DataFrame) -> None:
-        from pyspark.sql import functions as f
-
-        absent = absent_rows(spark, self.quarantine_uri, rows, "quarantine_id", None)
-        append(
-            absent.withColumn("ingest_time", f.current_timestamp()).select(*QUARANTINE_TABLE.names),
-            self.quarantine_uri,
+    def _quarantine(self, rows: DataFrame) -> int:
+        """The rows set aside, into ``quarantine`` (those it lacks); how many were new."""
+        return append_absent(
+            self.settings, self.quarantine_uri, rows, "quarantine_id", QUARANTINE_TABLE.names
         )
 
 
@@ -493,7 +490,8 @@ def batch_shape(read: DataFrame) -> BatchShape:
     from pyspark.sql import functions as f
 
     shape = BatchShape()
-    last = f.struct("timestamp", "key", "value", "headers")
+    # times as milliseconds: a timestamp beyond the year 9999 is no Python datetime
+    last = f.struct(f.unix_millis("timestamp").alias("millis"), "key", "value", "headers")
     for row in (
         read.groupBy("topic", "partition")
         .agg(
@@ -508,7 +506,7 @@ def batch_shape(read: DataFrame) -> BatchShape:
         where = Partition(row["topic"], int(row["partition"]))
         record = row["record"]
         headers = [(h["key"], h["value"]) for h in record["headers"] or []]
-        stamp = _timestamp_ms(record["timestamp"])
+        stamp = int(record["millis"] or 0)
         shape.ends[where] = (
             int(row["last"]) + 1,
             fingerprint(stamp, record["key"], record["value"], headers),
@@ -523,7 +521,7 @@ def batch_shape(read: DataFrame) -> BatchShape:
         .agg(
             f.min("event_id").alias("low"),
             f.max("event_id").alias("high"),
-            f.max("event_time").alias("newest"),
+            f.unix_millis(f.max("event_time")).alias("newest"),
             f.count(f.lit(1)).alias("events"),
             f.count_distinct("event_id").alias("ids"),
         )
@@ -532,14 +530,7 @@ def batch_shape(read: DataFrame) -> BatchShape:
         found.append(IdRange(row["event_date"], row["low"], row["high"]))
         shape.events += int(row["events"])
         shape.repeated += int(row["events"]) - int(row["ids"])
-        newest = row["newest"].timestamp()
+        newest = row["newest"] / 1000
         shape.newest_event_time = max(shape.newest_event_time or newest, newest)
     shape.ranges = id_ranges(found)
     return shape
-
-
-def _timestamp_ms(moment: Any) -> int:
-    try:
-        return int(moment.timestamp() * 1000)
-    except Exception:  # a timestamp Python cannot hold: the fingerprint still tells content
-        return 0

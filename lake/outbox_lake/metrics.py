@@ -74,8 +74,8 @@ class LakeMetrics:
         )
         self.quarantined = Counter(
             "outbox_lake_quarantined",
-            "Rows sent to quarantine, by kind (record: not a usable event; conflicting: another "
-            "copy of an event id with other content; typed: a typed row).",
+            "Rows sent to quarantine, by kind (record: not a usable event; typed: a typed row); "
+            "conflicting copies are counted in outbox_lake_conflicting_copies.",
             ["kind"],
             registry=r,
         )

@@ -100,12 +100,14 @@ def advanced(
       take the batch's ends, whatever they are.
     - ``started_over``: topics the lake reads again from their start (a replaced topic,
       data loss skipped on purpose): what progress held of them is dropped first.
-    - An id learned for a topic whose progress had none is kept.
+    - An id learned for a topic whose progress had none is kept; a batch for which the
+      broker named no id keeps the known one.
     """
     result = {where: p for where, p in known.items() if where.topic not in started_over}
     for where, (end, last) in ends.items():
         before = result.get(where)
-        topic_id = topic_ids.get(where.topic, before.topic_id if before else None)
+        # the broker named no id (a metadata gap): the known one stands
+        topic_id = topic_ids.get(where.topic) or (before.topic_id if before else None)
         same_log = before is not None and before.topic_id in (None, topic_id)
         if before is not None and same_log and before.end_offset >= end:
             if before.topic_id is None and topic_id is not None:

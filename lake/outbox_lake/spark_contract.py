@@ -91,9 +91,15 @@ def _vouched_object(text: str) -> str:
 
 
 def _millis(event_id: str) -> str:
-    """SQL: the UUIDv7's time in milliseconds (its first 48 bits: 8 + 4 hex digits)."""
+    """SQL: the UUIDv7's time in milliseconds (its first 48 bits: 8 + 4 hex digits), NULL
+    when those are not hex digits (``conv`` reads ``-1`` as a huge unsigned number, which a
+    plain cast would refuse, stopping the batch)."""
     text = f"CAST({event_id} AS string)"
-    return f"CAST(conv(substr({text}, 1, 8) || substr({text}, 10, 4), 16, 10) AS bigint)"
+    digits = f"substr({text}, 1, 8) || substr({text}, 10, 4)"
+    return (
+        f"CASE WHEN regexp_like({digits}, '^[0-9a-f]{{12}}$')"
+        f" THEN try_cast(conv({digits}, 16, 10) AS bigint) END"
+    )
 
 
 def _header(index: int) -> str:
@@ -128,7 +134,7 @@ def _conditions() -> list[str]:
 
 def _event_columns() -> list[tuple[str, str]]:
     event_id, event_type, traceparent, extra, position = (_header(i) for i in range(5))
-    millis = f"try_cast({_millis(event_id)} AS bigint)"
+    millis = _millis(event_id)
     in_range = f"{millis} BETWEEN 0 AND {_YEAR_10000_MS}"
     return [
         ("event_id", f"CAST({event_id} AS string)"),

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from outbox.core.lake_contract import DECIMAL_TYPE
 from outbox_lake.delta_writes import (
     IdRange,
-    absent_rows,
     append,
+    append_absent,
     create_table,
     id_ranges,
     rows_within,
@@ -342,20 +342,10 @@ class TypedSink:
             f.col("_value").alias("value"),
             "event_id",
             f.col("_reason").alias("reason"),
-        ).persist()
-        try:
-            count = rows.count()
-            if count:
-                absent = absent_rows(spark, self.quarantine_uri, rows, "quarantine_id", None)
-                append(
-                    absent.withColumn("ingest_time", f.current_timestamp()).select(
-                        *QUARANTINE_TABLE.names
-                    ),
-                    self.quarantine_uri,
-                )
-            return count
-        finally:
-            rows.unpersist()
+        )
+        return append_absent(
+            self.settings, self.quarantine_uri, rows, "quarantine_id", QUARANTINE_TABLE.names
+        )
 
 
 def _typed_arrow_schema(schema: Any) -> Any:

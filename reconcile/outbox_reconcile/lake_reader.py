@@ -133,8 +133,12 @@ def read_lake(
 ) -> LakeRead:
     read = LakeRead()
     wanted = [Partition(topic, partition) for topic, partition in partitions]
+    # The progress first, then events: read at its latest version, events holds at least
+    # what the progress says (deltalake's history is the newest on storage, whatever
+    # version a table object was loaded at).
+    progress = latest_progress(open_table(settings, settings.table_uri(EVENTS)))
+    progress = progress or earlier_progress(settings, lambda: wanted)
     events = open_table(settings, settings.table_uri(EVENTS))
-    progress = latest_progress(events) or earlier_progress(settings, lambda: wanted)
     if events is not None:
         read.events_version = events.version()
         known = progress.partitions

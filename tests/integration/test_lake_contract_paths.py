@@ -84,14 +84,14 @@ def records(draw: Any) -> tuple[Any, ...]:
     key: bytes | None = record.key
     value: bytes | None = record.value
     topic = record.topic
-    for change in draw(st.lists(st.integers(min_value=0, max_value=14), max_size=2)):
+    for change in draw(st.lists(st.integers(min_value=0, max_value=15), max_size=2)):
         if change == 0:
             headers = draw(st.permutations(headers))
         elif change == 1 and headers:
             headers.pop(draw(st.integers(min_value=0, max_value=len(headers) - 1)))
         elif change == 2 and headers:
             headers.append(headers[0])
-        elif change in (3, 4, 5, 6, 7, 11, 12, 14) and len(headers) < 5:
+        elif change in (3, 4, 5, 6, 7, 11, 12, 14, 15) and len(headers) < 5:
             continue  # a header dropped already: nothing to change there
         elif change == 3:
             headers[0] = ("id", str(uuid.uuid4()).encode())  # a v4 id
@@ -120,6 +120,8 @@ def records(draw: Any) -> tuple[Any, ...]:
             headers = [(name if i else "Id", v) for i, (name, v) in enumerate(headers)]
         elif change == 14:
             headers[0] = ("id", b"ffffffff-ffff-7fff-bfff-ffffffffffff")  # beyond year 9999
+        elif change == 15:
+            headers[0] = (draw(st.sampled_from(["retry", "id"])), b"-1")  # conv's minus sign
     return (key, value, topic, headers)
 
 
@@ -169,6 +171,22 @@ def test_the_jvm_decides_only_what_the_python_contract_decides_alike(batch: list
             assert row[jvm_name] == python[python_name], (jvm_name, batch[row["offset"]])
         assert row["event_time"].replace(tzinfo=UTC) == python["event_time"]
     assert decided > 0, "no record of the batch was decided by the JVM: the draw is too broken"
+
+
+def test_no_first_header_however_odd_fails_the_read() -> None:
+    """Whatever the first header holds (the JVM takes a time from it), the read never
+    raises: ANSI SQL refuses casts that do not fit, and conv reads "-1" as 2^64 - 1."""
+    from outbox_lake.spark_contract import read_contract
+
+    spark = shared_spark()
+    now = datetime.now(UTC)
+    odd = [b"-1", b"-fffffff-ffff", b"zzzzzzzz-zzzz", b"", b"\xff" * 40, b"1" * 36]
+    rows = [
+        (b"k", b"{}", "outbox.event.x", 0, n, now, [{"key": "retry", "value": value}])
+        for n, value in enumerate(odd)
+    ]
+    read = read_contract(spark.createDataFrame(rows, RAW_SCHEMA)).collect()
+    assert [row["decided"] for row in read] == [False] * len(odd)
 
 
 def test_every_record_a_delivery_path_writes_is_decided_by_the_jvm() -> None:

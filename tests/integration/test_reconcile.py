@@ -171,7 +171,8 @@ def test_a_lake_row_whose_event_never_reached_kafka_is_reported(
     assert status == 1
     found = kinds(report)
     assert found["not_on_kafka"] == 1
-    assert found["typed_row_missing"] == 1  # the phantom has no typed row either
+    # The phantom came after the version the typed tables have reached: not judged there.
+    assert "typed_row_missing" not in found
     assert set(found) <= {"not_on_kafka", "typed_row_missing", "lake_order_violation"}
 
 
