@@ -118,9 +118,15 @@ def _file_batches(
     condition = _in_window(window)
     for fragment in dataset.get_fragments(filter=condition):
         # Little read-ahead: memory follows one file's columns, not the table.
-        for batch in fragment.to_batches(
-            columns=columns, filter=condition, batch_size=_BATCH_ROWS, batch_readahead=1
-        ):
+        scanner = ds.Scanner.from_fragment(  # the dataset's schema: its partition columns too
+            fragment,
+            schema=dataset.schema,
+            columns=columns,
+            filter=condition,
+            batch_size=_BATCH_ROWS,
+            batch_readahead=1,
+        )
+        for batch in scanner.to_batches():
             yield batch, str(fragment.path) in due
 
 

@@ -684,6 +684,18 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
         found = metrics()
         assert float(found["outbox_lake_events_total"]) >= 500
         assert 0 < float(found["outbox_lake_freshness_seconds"]) < 600
+
+        # Consumer lag, from the query's progress: thousands of records still to read, then
+        # fewer as batches land.
+        def lag() -> float:
+            values = [
+                float(v) for k, v in metrics().items() if k.startswith("outbox_lake_consumer_lag{")
+            ]
+            return sum(values) if values else -1.0
+
+        wait_until(lambda: lag() > 5000, timeout=60, what="the lag gauge shows the backlog")
+        first = lag()
+        wait_until(lambda: 0 <= lag() < first, timeout=120, what="the lag gauge goes down")
         if to_the_group:
             os.killpg(job.pid, signal.SIGTERM)
         else:

@@ -142,7 +142,9 @@ def test_a_job_killed_mid_batch_on_s3_loses_and_duplicates_nothing_and_every_rea
     listed = run_outbox("lake", "tables", env=env)
     assert listed.returncode == 0, listed.stderr
     names = [line.split()[0] for line in listed.stdout.splitlines()]
-    assert names == [f"aggregate_{t}" for t in (tick, order, payment)] + ["events"], names
+    assert names == [f"aggregate_{t}" for t in (tick, order, payment)] + ["events", "quarantine"], (
+        names
+    )
     answer = run_outbox("lake", "query", "SELECT count(*) FROM events", env=env)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.splitlines()[1] == str(len(committed)), answer.stdout

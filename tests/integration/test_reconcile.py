@@ -63,6 +63,7 @@ class Pipeline:
     def reconcile(self, lake: Path, *args: str, **env: str) -> tuple[int, dict[str, Any]]:
         done = run_outbox("reconcile", "--json", "--quiet", *args, env=self.env(lake, **env))
         assert done.returncode in (0, 1), done.stderr[-3000:]
+        assert done.stdout.strip(), done.stderr[-3000:]
         return done.returncode, json.loads(done.stdout)
 
     def trace(self, lake: Path, event_id: str) -> subprocess.CompletedProcess[str]:
