@@ -185,11 +185,11 @@ def test_the_package_data_is_installed(installed: Installed) -> None:
     answer = installed.python(
         "from outbox import OutboxSettings\n"
         "from outbox_connect import ConnectorSettings, render_connector_config\n"
-        "from outbox_lake import job\n"
+        "from outbox_lake import session\n"
         "import outbox_migrations\n"
         "config = render_connector_config(ConnectorSettings(), OutboxSettings())\n"
         "print(config['connector.class'])\n"
-        "print(job._LOG4J2.is_file())\n"
+        "print(session._LOG4J2.is_file())\n"
         "print((outbox_migrations.SCRIPT_LOCATION / 'script.py.mako').is_file())\n"
     )
     assert answer.split() == ["io.debezium.connector.postgresql.PostgresConnector", "True", "True"]
