@@ -41,6 +41,7 @@ from outbox_lake.landing import EventsSink
 from outbox_lake.metrics import LakeMetrics
 from outbox_lake.offsets import starting_offsets
 from outbox_lake.progress import LakeProgress
+from outbox_lake.session import FRESHNESS_POOL, TYPED_POOL
 from outbox_lake.settings import LakeSettings
 from outbox_lake.storage import check_access, has_folder, open_table
 from outbox_lake.tables import EVENTS_TABLE
@@ -56,6 +57,8 @@ __all__ = ["Ingest", "kafka_options"]
 log = logging.getLogger("outbox.lake.ingest")
 
 _STOP_PATIENCE_SECONDS = 120.0
+TYPED_TRIGGER_SECONDS = 5.0
+"""The typed query's least interval (off the freshness path: its tables trail ``events``)."""
 _WATCH_SECONDS = 5.0
 """How often the running job checks the broker's topics against the lake's progress."""
 
@@ -269,7 +272,7 @@ class Ingest:
             .foreachBatch(sink)
             .option("checkpointLocation", self.settings.checkpoint)
         )
-        query: StreamingQuery = self._trigger(writer, available_now).start()
+        query: StreamingQuery = self._in_pool(FRESHNESS_POOL, self._trigger(writer, available_now))
         return query
 
     def _start_typed_query(self, progress: LakeProgress, *, available_now: bool) -> StreamingQuery:
@@ -285,7 +288,27 @@ class Ingest:
             .foreachBatch(sink)
             .option("checkpointLocation", self.typed_checkpoint)
         )
-        query: StreamingQuery = self._trigger(writer, available_now).start()
+        trigger = (
+            writer.trigger(availableNow=True)
+            if available_now
+            else writer.trigger(processingTime=f"{self._typed_trigger_seconds()} seconds")
+        )
+        query: StreamingQuery = self._in_pool(TYPED_POOL, trigger)
+        return query
+
+    def _typed_trigger_seconds(self) -> float:
+        """The typed query's interval: a few of the Kafka query's (its batches then carry
+        more rows for the same fixed cost, and leave the cores to the freshness path)."""
+        return max(TYPED_TRIGGER_SECONDS, self.settings.trigger_seconds)
+
+    def _in_pool(self, pool: str, writer: Any) -> StreamingQuery:
+        """Start the query in a scheduler pool (its thread inherits this local property)."""
+        context = self.spark.sparkContext
+        context.setLocalProperty("spark.scheduler.pool", pool)
+        try:
+            query: StreamingQuery = writer.start()
+        finally:
+            context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
         return query
 
     def _typed_start(self, progress: LakeProgress) -> int | None:

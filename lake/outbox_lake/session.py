@@ -13,7 +13,9 @@ What each setting is for:
   checkpoint every 100 commits instead of 10 (a one-second trigger would otherwise write a
   checkpoint every ten seconds); ten batches of streaming metadata kept instead of 100;
   generated code compiled however large (the contract's expressions are one large method);
-- a trigger with no new data reports progress at once (the loop and the demo wait on it).
+- a trigger with no new data reports progress at once (the loop and the demo wait on it);
+- two scheduler pools (``fairscheduler.xml``): the freshness path's jobs take the task
+  slots first, the typed query's what is left.
 """
 
 from __future__ import annotations
@@ -30,9 +32,20 @@ if TYPE_CHECKING:
 
     from outbox_lake.settings import LakeSettings
 
-__all__ = ["SPARK_REDACTION_REGEX", "TUNED", "spark_conf", "spark_session"]
+__all__ = [
+    "FRESHNESS_POOL",
+    "SPARK_REDACTION_REGEX",
+    "TUNED",
+    "TYPED_POOL",
+    "spark_conf",
+    "spark_session",
+]
 
 _LOG4J2 = Path(__file__).with_name("log4j2.properties")
+_POOLS = Path(__file__).with_name("fairscheduler.xml")
+FRESHNESS_POOL = "freshness"
+TYPED_POOL = "typed"
+"""Scheduler pools: the Kafka query's jobs first, the typed query's with what is left."""
 SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|ssl[.]keystore[.]key|url"
 
 _JIT = "-XX:-DontCompileHugeMethods"
@@ -73,6 +86,8 @@ def spark_conf(settings: LakeSettings) -> dict[str, str]:
         "spark.databricks.delta.skipRecordingEmptyCommits": "false",
         **TUNED,
         "spark.sql.streaming.noDataProgressEventInterval": "500ms",
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(_POOLS),
         **hadoop_conf(settings),  # s3:// roots; never a credential
     }
     if settings.spark_jars:
