@@ -112,8 +112,6 @@ class TypeShape:
     """One aggregate type's part of a batch."""
 
     ranges: list[IdRange] = field(default_factory=list)
-    fields: list[tuple[tuple[str, int, int], str, str]] = field(default_factory=list)
-    """(first (topic, partition, offset), name, kind) of each payload field met."""
 
 
 def typed_through(end_offset: dict[str, Any] | None) -> int | None:
@@ -157,53 +155,66 @@ def _with_fields(batches: Iterable[Any]) -> Iterator[Any]:
 
 
 def batch_types(events: DataFrame) -> dict[str, TypeShape]:
-    """Per aggregate type its fields' first appearances and its id ranges (one Spark job:
-    only this reaches the driver)."""
+    """Per aggregate type its days and event-id ranges (one small Spark aggregate, no
+    Python: only this reaches the driver)."""
     from pyspark.sql import functions as f
 
-    fields = events.select(
-        "aggregate_type", "event_id", "event_date", "topic", "partition", "offset", "payload"
-    ).mapInArrow(_with_fields, _FIELDS_SCHEMA)
-    where = f.struct("topic", "partition", "offset")
     rows = (
-        fields.select(
-            "aggregate_type",
-            "event_id",
-            "event_date",
-            where.alias("at"),
-            f.explode_outer("fields").alias("field"),
+        events.groupBy(
+            "aggregate_type", "event_date", f.substring("event_id", 1, 8).alias("bucket")
         )
-        .groupBy(
-            "aggregate_type",
-            "event_date",
-            f.substring("event_id", 1, 8).alias("bucket"),
-            f.lower(f.col("field.name")).alias("lname"),
-            "field.kind",
-        )
-        .agg(
-            f.min("at").alias("first"),
-            f.min("event_id").alias("low"),
-            f.max("event_id").alias("high"),
-            f.min_by("field.name", "at").alias("name"),
-        )
+        .agg(f.min("event_id").alias("low"), f.max("event_id").alias("high"))
         .collect()
     )
     found: dict[str, TypeShape] = {}
     for row in rows:
         part = found.setdefault(row["aggregate_type"], TypeShape())
         part.ranges.append(IdRange(_date(row["event_date"]), row["low"], row["high"]))
-        if row["name"] is not None:
-            first = row["first"]
-            part.fields.append(
-                ((first["topic"], first["partition"], first["offset"]), row["name"], row["kind"])
-            )
     for part in found.values():
         part.ranges = id_ranges(part.ranges)
     return found
 
 
+def new_fields(pending: DataFrame) -> list[tuple[tuple[str, int, int], str, str]]:
+    """The payload fields the ``pending`` rows bring, each with its first appearance
+    (topic, partition, offset) and kind (Python on the executors; few rows)."""
+    from pyspark.sql import functions as f
+
+    fields = pending.select(
+        "aggregate_type", "event_id", "event_date", "topic", "partition", "offset", "payload"
+    ).mapInArrow(_with_fields, _FIELDS_SCHEMA)
+    rows = (
+        fields.select(
+            f.struct("topic", "partition", "offset").alias("at"),
+            f.explode("fields").alias("field"),
+        )
+        .groupBy(f.lower(f.col("field.name")).alias("lname"), "field.kind")
+        .agg(f.min("at").alias("first"), f.min_by("field.name", "at").alias("name"))
+        .collect()
+    )
+    return [
+        (
+            (row["first"]["topic"], row["first"]["partition"], row["first"]["offset"]),
+            row["name"],
+            row["kind"],
+        )
+        for row in rows
+    ]
+
+
 def _date(value: Any) -> date:
     return value if isinstance(value, date) else date.fromisoformat(str(value))
+
+
+@dataclass
+class _Typed:
+    frame: DataFrame
+    counted: Any
+    """Rows marked pending (a Spark accumulator)."""
+
+    @property
+    def pending(self) -> int:
+        return int(self.counted.value)
 
 
 class TypedSink:
@@ -214,10 +225,15 @@ class TypedSink:
         self.metrics = metrics
         self.quarantine_uri = settings.table_uri(QUARANTINE_TABLE.name)
         self.timings: dict[str, float] = {}
+        self._rejected: list[Any] = []
+        """This batch's counts of typed rows set aside (accumulators)."""
+        self._collisions = 0
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         self.timings = {}
+        self._rejected = []
+        self._collisions = 0
         spark = frame.sparkSession
         events = frame.select(*_EVENT_COLUMNS).persist()
         set_aside: list[DataFrame] = []
@@ -230,11 +246,13 @@ class TypedSink:
             try:
                 for aggregate_type, part in sorted(types.items()):
                     with self._timed("typed"):
-                        typed = self._write_type(spark, events, aggregate_type, part)
-                    typed_frames.append(typed)
-                    set_aside.append(typed.where("_reason IS NOT NULL").select(*_ASIDE))
-                with self._timed("quarantine"):
-                    aside = self._quarantine(spark, set_aside)
+                        frames = self._write_type(spark, events, aggregate_type, part)
+                    typed_frames.extend(frames)
+                    set_aside.extend(f.where("_reason IS NOT NULL").select(*_ASIDE) for f in frames)
+                aside = 0
+                if self._collisions or any(counted.value for counted in self._rejected):
+                    with self._timed("quarantine"):
+                        aside = self._quarantine(spark, set_aside)
             finally:
                 for typed in typed_frames:
                     typed.unpersist()
@@ -262,11 +280,15 @@ class TypedSink:
 
     def _write_type(
         self, spark: SparkSession, events: DataFrame, aggregate_type: str, part: TypeShape
-    ) -> DataFrame:
+    ) -> list[DataFrame]:
         """Type one aggregate type's events on the executors and append the typed rows the
-        table lacks; the typed frame (persisted; its ``_reason`` rows go to quarantine)."""
+        table lacks; the typed frames (persisted; their ``_reason`` rows go to quarantine).
+
+        One Python pass in the common case: every row is typed against the table's columns;
+        a row whose payload brings a field the table lacks is marked pending, and only if
+        there are such rows are the new columns decided (the first record to bring a field
+        decides its kind) and those rows typed again, in a second commit."""
         from pyspark.sql import functions as f
-        from pyspark.sql.pandas.types import from_arrow_schema
 
         name = typed_table_name(aggregate_type)
         uri = self.settings.table_uri(name)
@@ -279,49 +301,94 @@ class TypedSink:
                 f"the typed table {name} holds aggregate type {owner!r}, not "
                 f"{aggregate_type!r}: the event is in events; report this name collision"
             )
-            return mine.select(
-                "event_id",
-                f.lit(reason).alias("_reason"),
-                f.col("topic").alias("_topic"),
-                f.col("partition").alias("_partition"),
-                f.col("offset").alias("_offset"),
-                f.encode("aggregate_id", "UTF-8").alias("_key"),
-                f.encode("payload", "UTF-8").alias("_value"),
-                f.lit(name).alias("_table"),
-            ).persist()
-        columns = decide_columns(existing, part.fields)
+            self._collisions += 1
+            return [
+                mine.select(
+                    "event_id",
+                    f.lit(reason).alias("_reason"),
+                    f.col("topic").alias("_topic"),
+                    f.col("partition").alias("_partition"),
+                    f.col("offset").alias("_offset"),
+                    f.encode("aggregate_id", "UTF-8").alias("_key"),
+                    f.encode("payload", "UTF-8").alias("_value"),
+                    f.lit(name).alias("_table"),
+                ).persist()
+            ]
+        landed = self._landed(uri, part)
+        if landed is not None:
+            mine = mine.join(f.broadcast(spark.createDataFrame(landed)), "event_id", "left_anti")
+        typed_frames = []
+        pending = mine
+        if owner is not None:
+            first = self._typed(spark, mine, existing, name, pending=True)
+            typed_frames.append(first)
+            append(self._rows(first), uri, {"mergeSchema": "true"})
+            if not first.pending:  # counted on the executors while typing (the common case)
+                return [first.frame]
+            pending = first.frame.where("_pending").select("event_id").join(mine, "event_id")
+        columns = decide_columns(existing, new_fields(pending))
+        if owner is None:
+            create_table(
+                self.settings,
+                uri,
+                _typed_arrow_schema(typed_batch_schema(columns)),
+                by_day=True,
+                owner=aggregate_type,
+            )
+        second = self._typed(spark, pending, columns, name, pending=False)
+        typed_frames.append(second)
+        append(self._rows(second), uri, {"mergeSchema": "true"})
+        return [typed.frame for typed in typed_frames]
+
+    def _landed(self, uri: str, part: TypeShape) -> Any:
+        """The typed table's ids in the batch's ranges (None: none; read on the driver)."""
+        table = open_table(self.settings, uri)
+        if table is None:
+            return None
+        landed = rows_within(self.settings, table, uri, part.ranges, ["event_id"])
+        return landed.select(["event_id"]) if landed.num_rows else None
+
+    def _typed(
+        self,
+        spark: SparkSession,
+        rows: DataFrame,
+        columns: dict[str, str],
+        name: str,
+        *,
+        pending: bool,
+    ) -> _Typed:
+        """``rows`` typed against ``columns`` on the executors (persisted), with the count of
+        pending rows (an accumulator, known once the frame has been computed)."""
+        from pyspark.sql import functions as f
+        from pyspark.sql.pandas.types import from_arrow_schema
+
         schema = typed_batch_schema(columns)
+        counted = spark.sparkContext.accumulator(0)
+        rejected = spark.sparkContext.accumulator(0)
 
         def typing(batches: Iterable[Any]) -> Iterator[Any]:
             for batch in batches:
                 with recursion_limit(TYPING_RECURSION_LIMIT):
-                    yield type_batch(batch.to_pylist(), columns, name)
+                    typed = type_batch(batch.to_pylist(), columns, name, pending=pending)
+                counted.add(typed.column("_pending").true_count if pending else 0)
+                rejected.add(typed.num_rows - typed.column("_reason").null_count)
+                yield typed
 
-        typed = (
-            mine.withColumn("raw_key", f.encode("aggregate_id", "UTF-8"))
+        frame = (
+            rows.withColumn("raw_key", f.encode("aggregate_id", "UTF-8"))
             .withColumn("raw_value", f.encode("payload", "UTF-8"))
             .mapInArrow(typing, from_arrow_schema(schema))
             .withColumn("_table", f.lit(name))
             .persist()
         )
-        if owner is None:
-            create_table(
-                self.settings, uri, _typed_arrow_schema(schema), by_day=True, owner=aggregate_type
-            )
-        rows = typed.where("_reason IS NULL").drop(
-            "_reason", "_topic", "_partition", "_offset", "_key", "_value", "_table"
+        self._rejected.append(rejected)
+        return _Typed(frame, counted)
+
+    @staticmethod
+    def _rows(typed: _Typed) -> DataFrame:
+        return typed.frame.where("_reason IS NULL AND _pending IS NOT TRUE").drop(
+            "_reason", "_topic", "_partition", "_offset", "_key", "_value", "_table", "_pending"
         )
-        table = open_table(self.settings, uri)
-        assert table is not None
-        landed = rows_within(self.settings, table, uri, part.ranges, ["event_id"])
-        if landed.num_rows:
-            rows = rows.join(
-                f.broadcast(spark.createDataFrame(landed.select(["event_id"]))),
-                "event_id",
-                "left_anti",
-            )
-        append(rows, uri, {"mergeSchema": "true"})
-        return typed
 
     def _quarantine(self, spark: SparkSession, set_aside: list[DataFrame]) -> int:
         """The typed rows set aside, into ``quarantine`` (those it lacks); how many."""

@@ -233,16 +233,23 @@ def typed_batch_schema(columns: dict[str, str]) -> pa.Schema:
             ("_offset", pa.int64()),
             ("_key", pa.binary()),
             ("_value", pa.binary()),
+            ("_pending", pa.bool_()),
         ]
     )
 
 
 def type_batch(
-    events: list[dict[str, Any]], columns: dict[str, str], table_name: str
+    events: list[dict[str, Any]],
+    columns: dict[str, str],
+    table_name: str,
+    *,
+    pending: bool = False,
 ) -> pa.RecordBatch:
     """Type ``events`` (parsed rows of one aggregate type) into the table whose payload
-    columns are exactly ``columns`` (decided on the driver for the whole batch): each row
-    typed, or set aside with ``_reason``. Never raises for a row."""
+    columns are exactly ``columns``: each row typed, or set aside with ``_reason``. With
+    ``pending``, a row whose payload brings a field the columns lack is neither: it is
+    marked ``_pending`` (typed again once the batch's new columns are decided). Never
+    raises for a row."""
     existing = {name: _ARROW_OF_KIND.get(kind, pa.string()) for name, kind in columns.items()}
     schema = typed_batch_schema(columns)
     by_lower = {**_BASE_LOWER, **{name.lower(): name for name in existing}}
@@ -258,6 +265,10 @@ def type_batch(
         base = {name: event.get(name) for name in _BASE_NAMES}
         try:
             cells, new = _type_row(event, existing, {}, dict(by_lower), table_name)
+            if new and pending:
+                row = {**base, **record, "_reason": None, "_pending": True}
+                out.append(row)
+                continue
             if new:
                 raise _Refused(
                     f"payload field {next(iter(new))!r} has no column in {table_name} this "
