@@ -44,11 +44,11 @@ from outbox_lake.delta_writes import (
     rows_within,
 )
 from outbox_lake.metrics import LakeMetrics
-from outbox_lake.offsets import Partition, fingerprint
+from outbox_lake.offsets import Partition
 from outbox_lake.progress import LakeProgress, advanced
 from outbox_lake.records import FALLBACK_SCHEMA, parse_batch
 from outbox_lake.settings import LakeSettings
-from outbox_lake.spark_contract import RAW_FIELDS, read_contract
+from outbox_lake.spark_contract import RAW_FIELDS, contract_columns, read_contract
 from outbox_lake.storage import open_table
 from outbox_lake.tables import EVENTS_TABLE, QUARANTINE_TABLE
 
@@ -156,6 +156,7 @@ class EventsSink:
         self.events_uri = settings.table_uri(EVENTS_TABLE.name)
         self.quarantine_uri = settings.table_uri(QUARANTINE_TABLE.name)
         self._events: DeltaTable | None = None
+        self._contract: list[Column] | None = None
         self.failure: OutboxError | None = None
         """Our own error that stopped a batch (Spark hands it back as Java text)."""
 
@@ -179,7 +180,12 @@ class EventsSink:
         started = time.monotonic()
         self.timings: dict[str, float] = {}
         with self._timed("plan"):
-            read = read_contract(frame.select(*RAW_FIELDS)).persist()
+            if self._contract is None:
+                self._contract = contract_columns()
+            contract = read_contract(frame.select(*RAW_FIELDS), self._contract)
+            # only what the append needs is cached; the raw bytes of records the JVM did
+            # not decide are read again from Kafka (rare)
+            read = contract.select(*_CACHED).persist()
         try:
             with self._timed("shape"):
                 shape = batch_shape(read)
@@ -187,7 +193,7 @@ class EventsSink:
                 return
             with self._timed("check"):
                 topic_ids = self.check(shape, self.known())
-            counts = self._write(frame.sparkSession, read, shape, topic_ids)
+            counts = self._write(frame.sparkSession, read, contract, shape, topic_ids)
         finally:
             with self._timed("unpersist"):
                 read.unpersist()
@@ -225,6 +231,7 @@ class EventsSink:
         self,
         spark: SparkSession,
         read: DataFrame,
+        contract: DataFrame,
         shape: BatchShape,
         topic_ids: Mapping[str, str | None],
     ) -> dict[str, int]:
@@ -237,7 +244,7 @@ class EventsSink:
         slow = None
         ranges = list(shape.ranges)
         if shape.undecided:
-            slow = undecided_rows(read).persist()
+            slow = undecided_rows(contract).persist()
             ranges = id_ranges([*ranges, *_slow_ranges(slow)])
             events = events.unionByName(slow.where("kind = 'event'").select(*_EVENT_SELECT))
             aside = slow.where("kind = 'quarantine'").select(
@@ -355,6 +362,26 @@ class EventsSink:
             self.settings, self.quarantine_uri, rows, "quarantine_id", QUARANTINE_TABLE.names
         )
 
+
+_CACHED = (
+    "decided",
+    "event_id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "payload",
+    "headers_text",
+    "traceparent",
+    "position",
+    "event_time",
+    "event_date",
+    "topic",
+    "partition",
+    "offset",
+    "key",
+    "fingerprint",
+)
+"""The read batch's columns kept in memory between its aggregate and its append."""
 
 _EVENT_SELECT = (
     "event_id",
@@ -486,47 +513,41 @@ def _slow_ranges(slow: DataFrame) -> list[IdRange]:
 
 
 def batch_shape(read: DataFrame) -> BatchShape:
-    """Two small aggregates over the read batch (no row reaches the driver)."""
+    """One small aggregate over the read batch, per partition and per day and id bucket
+    (``grouping`` tells them apart); no row reaches the driver."""
     from pyspark.sql import functions as f
 
-    shape = BatchShape()
-    # times as milliseconds: a timestamp beyond the year 9999 is no Python datetime
-    last = f.struct(f.unix_millis("timestamp").alias("millis"), "key", "value", "headers")
-    for row in (
-        read.groupBy("topic", "partition")
-        .agg(
-            f.max("offset").alias("last"),
-            f.min("offset").alias("first"),
-            f.max_by(last, "offset").alias("record"),
-            f.count(f.lit(1)).alias("records"),
-            f.count_if(~f.col("decided")).alias("undecided"),
-        )
-        .collect()
-    ):
-        where = Partition(row["topic"], int(row["partition"]))
-        record = row["record"]
-        headers = [(h["key"], h["value"]) for h in record["headers"] or []]
-        stamp = int(record["millis"] or 0)
-        shape.ends[where] = (
-            int(row["last"]) + 1,
-            fingerprint(stamp, record["key"], record["value"], headers),
-        )
-        shape.starts[where] = int(row["first"])
-        shape.records += int(row["records"])
-        shape.undecided += int(row["undecided"])
-    found = []
-    for row in (
+    per_partition = read.groupBy("topic", "partition").agg(
+        f.lit("partition").alias("grouping"),
+        f.max("offset").alias("last"),
+        f.min("offset").alias("first"),
+        f.max_by("fingerprint", "offset").alias("fingerprint"),
+        f.count(f.lit(1)).alias("records"),
+        f.count_if(~f.col("decided")).alias("undecided"),
+    )
+    per_bucket = (
         read.where("decided")
         .groupBy("event_date", f.substring("event_id", 1, 8).alias("bucket"))
         .agg(
+            f.lit("ids").alias("grouping"),
             f.min("event_id").alias("low"),
             f.max("event_id").alias("high"),
+            # milliseconds: a time beyond the year 9999 is no Python datetime
             f.unix_millis(f.max("event_time")).alias("newest"),
             f.count(f.lit(1)).alias("events"),
             f.count_distinct("event_id").alias("ids"),
         )
-        .collect()
-    ):
+    )
+    shape = BatchShape()
+    found = []
+    for row in per_partition.unionByName(per_bucket, allowMissingColumns=True).collect():
+        if row["grouping"] == "partition":
+            where = Partition(row["topic"], int(row["partition"]))
+            shape.ends[where] = (int(row["last"]) + 1, row["fingerprint"])
+            shape.starts[where] = int(row["first"])
+            shape.records += int(row["records"])
+            shape.undecided += int(row["undecided"])
+            continue
         found.append(IdRange(row["event_date"], row["low"], row["high"]))
         shape.events += int(row["events"])
         shape.repeated += int(row["events"]) - int(row["ids"])

@@ -40,7 +40,14 @@ from outbox.core.contract import (
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["CONTRACT_HEADERS", "EVENT_FIELDS", "RAW_FIELDS", "read_contract"]
+__all__ = [
+    "CONTRACT_HEADERS",
+    "EVENT_FIELDS",
+    "RAW_FIELDS",
+    "contract_columns",
+    "fingerprint",
+    "read_contract",
+]
 
 CONTRACT_HEADERS = (
     HEADER_ID,
@@ -165,14 +172,36 @@ def decided() -> Column:
     return f.expr(" AND ".join(f"coalesce({c}, false)" for c in _conditions()))
 
 
-def read_contract(raw: DataFrame) -> DataFrame:
-    """``raw`` (Spark's Kafka source's :data:`RAW_FIELDS`) with ``decided`` and
-    :data:`EVENT_FIELDS`, which mean something only where ``decided`` is true (each is
-    computed without raising whatever the record holds, and is read only there)."""
+def fingerprint() -> Column:
+    """:func:`outbox_lake.offsets.fingerprint` in Spark's functions: the record's timestamp
+    (ms) and the CRC-32 of its key, value, and each header's name and value, in order (a
+    running CRC over parts is the CRC of their concatenation)."""
     from pyspark.sql import functions as f
 
-    return raw.select(
-        *RAW_FIELDS,
+    content = (
+        "concat(coalesce(key, X''), coalesce(value, X''), aggregate(coalesce(headers, array()), "
+        "X'', (acc, h) -> concat(acc, encode(coalesce(h.key, ''), 'UTF-8'), "
+        "coalesce(h.value, X''))))"
+    )
+    crc = f"lpad(lower(hex(crc32({content}))), 8, '0')"
+    return f.expr(f"concat(coalesce(unix_millis(timestamp), 0), '-', {crc})")
+
+
+def contract_columns() -> list[Column]:
+    """The columns :func:`read_contract` adds (build once, use for every batch: parsing
+    the expressions costs more than a small batch's work)."""
+    from pyspark.sql import functions as f
+
+    return [
         decided().alias("decided"),
         *(f.expr(sql).alias(name) for name, sql in _event_columns()),
-    )
+        fingerprint().alias("fingerprint"),
+    ]
+
+
+def read_contract(raw: DataFrame, columns: list[Column] | None = None) -> DataFrame:
+    """``raw`` (Spark's Kafka source's :data:`RAW_FIELDS`) with ``decided``,
+    :data:`EVENT_FIELDS` (which mean something only where ``decided`` is true: each is
+    computed without raising whatever the record holds, and is read only there) and the
+    record's ``fingerprint``."""
+    return raw.select(*RAW_FIELDS, *(columns or contract_columns()))

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from outbox import new_event_id
 from outbox.core.contract import record_for
+from outbox_lake.offsets import fingerprint
 from outbox_lake.records import parse_one, record_quarantine_id
 from tests.fix_lake import shared_spark
 
@@ -145,9 +146,11 @@ def test_the_jvm_decides_only_what_the_python_contract_decides_alike(batch: list
         "quarantine_id", quarantine_id()
     )
     decided = 0
+    stamp = int(now.timestamp() * 1000)
     for row in read.collect():
         key, value, topic, headers = batch[row["offset"]]
         assert row["quarantine_id"] == record_quarantine_id(topic, 0, row["offset"], key, value)
+        assert row["fingerprint"] == fingerprint(stamp, key, value, headers)
         python = parse_one(topic, 0, row["offset"], key, value, headers)
         if not row["decided"]:
             continue
