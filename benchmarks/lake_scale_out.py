@@ -38,7 +38,7 @@ def produce_on_partitions(bootstrap: str, aggregate_type: str, events: int) -> N
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(f"outbox.event.{aggregate_type}", 4, 1)])
     admin.close()
-    produce(bootstrap, aggregate_type, events)
+    produce(bootstrap, f"outbox.event.{aggregate_type}", 0, 0, events)
 
 
 def rate(master: str, root: Path, bootstrap: str, aggregate_type: str, events: int) -> float:

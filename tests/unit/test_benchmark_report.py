@@ -183,11 +183,21 @@ def test_the_report_renders_every_section_and_plot(tmp_path: Path) -> None:
             "machine_before": machine,
             "figures": {
                 "broker": "Apache Kafka 4.3.0, KRaft, one node",
-                "events": 10,
-                "append_events_per_second": 100.0,
-                "dedup_events_per_second": 80.0,
-                "dedup_over_append_time": 1.25,
-                "batch_seconds_by_table_rows": {"100": 1.0, "1000": 1.1},
+                "freshness": {
+                    "1000": {
+                        "floor": [{"p50": 2.0, "p95": 3.0, "events_per_second": 990.0}],
+                        "ours": [
+                            {
+                                "p50": 2.5,
+                                "p95": 3.6,
+                                "events_per_second": 980.0,
+                                "typed": {"p50": 6.0, "p95": 7.0},
+                            }
+                        ],
+                    }
+                },
+                "catch_up": {"backlog": 1000, "floor": 100.0, "ours": 90.0, "ratio": 0.9},
+                "cold_start": {"wall_seconds": 40.0, "first_batch_seconds": 25.0},
             },
         },
     }
@@ -222,7 +232,9 @@ def test_the_report_renders_every_section_and_plot(tmp_path: Path) -> None:
     assert "| publish / plain | 0.96 | >= 0.9 met |" in text
     assert "No results for: relay_throughput, effects_ledger." in text
     assert "not the published ones" in text
-    for plot in ("pipeline.png", "sdk_publish.png", "stages.png", "lake_batch_time.png"):
+    assert "| 1,000 | 2.00 / 3.00 | 990 | 2.50 / 3.60 | 980 | 1.20 | 7.00 |" in text
+    assert "floor 100 events/s, ours 90 events/s (ratio 0.90, target >= 0.8)" in text
+    for plot in ("pipeline.png", "sdk_publish.png", "stages.png"):
         assert (tmp_path / "b" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"(benchmarks/{plot})" in text
     # The headline figures, side by side: CDC at both rates, the two JVMs' memory, and the
