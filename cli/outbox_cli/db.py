@@ -43,6 +43,26 @@ CONSUMER_NAME_OPTION = typer.Option(
     "default: the role's name. Other roles cannot read, delete or claim its messages.",
 )
 
+AGGREGATE_TYPE_OPTION = typer.Option(
+    None,
+    "--aggregate-type",
+    help="With --publisher: an aggregate type this role may publish (repeat for several). "
+    "The database refuses its events of any other type and hides other types' rows.",
+)
+ANY_AGGREGATE_TYPE_OPTION = typer.Option(
+    False,
+    "--any-aggregate-type",
+    help="With --publisher: every aggregate type (as every publisher could before "
+    "outbox_0008). Prefer --aggregate-type: one service cannot then write another's events.",
+)
+
+REVOKED_TYPE_OPTION = typer.Option(
+    None, "--aggregate-type", help="An aggregate type it may no longer publish (repeat)."
+)
+REVOKED_ANY_TYPE_OPTION = typer.Option(
+    False, "--any-aggregate-type", help="Take away 'every type' (keeps the types named)."
+)
+
 
 def database_url_of(url: str | None, url_file: Path | None) -> str:
     """The database URL: from ``--database-url-file``, from ``--database-url`` when it
@@ -155,10 +175,14 @@ def grant(
     consumer: bool = typer.Option(False, "--consumer", help="Allow it to claim inbox messages."),
     relay: bool = typer.Option(False, "--relay", help="Allow it to run the polling relay."),
     consumer_names: list[str] | None = CONSUMER_NAME_OPTION,
+    aggregate_types: list[str] | None = AGGREGATE_TYPE_OPTION,
+    any_aggregate_type: bool = ANY_AGGREGATE_TYPE_OPTION,
     database_url: str | None = DATABASE_URL_OPTION,
     database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
 ) -> None:
-    """Grant ROLE the least privileges to publish events, consume them idempotently, or relay."""
+    """Grant ROLE the least privileges to publish events, consume them idempotently, or relay.
+
+    A publisher publishes only the aggregate types named here (added to those it holds)."""
     import outbox_migrations
 
     chosen = {"publisher": publisher, "consumer": consumer, "relay": relay}
@@ -168,9 +192,25 @@ def grant(
     if consumer_names and not consumer:
         typer.secho("--consumer-name goes with --consumer", err=True, fg="red")
         raise typer.Exit(2)
+    if (aggregate_types or any_aggregate_type) and not publisher:
+        typer.secho(
+            "--aggregate-type and --any-aggregate-type go with --publisher", err=True, fg="red"
+        )
+        raise typer.Exit(2)
+    if publisher and not aggregate_types and not any_aggregate_type:
+        raise ConfigurationError(
+            "name the aggregate types ROLE publishes: --aggregate-type T (repeat it), "
+            "or --any-aggregate-type to allow every type"
+        )
     with _database(database_url, database_url_file) as (connection, settings):
         if publisher:
-            outbox_migrations.grant_publisher(connection, role, settings=settings)
+            outbox_migrations.grant_publisher(
+                connection,
+                role,
+                aggregate_types=aggregate_types or (),
+                any_aggregate_type=any_aggregate_type,
+                settings=settings,
+            )
         if consumer:
             outbox_migrations.grant_consumer(
                 connection, role, consumers=consumer_names or (), settings=settings
@@ -179,6 +219,31 @@ def grant(
             outbox_migrations.grant_relay(connection, role, settings=settings)
     granted = " and ".join(name for name, wanted in chosen.items() if wanted)
     typer.echo(f"granted {granted} privileges to {role}")
+
+
+@app.command()
+def revoke(
+    role: str = typer.Argument(..., help="A role granted --publisher."),
+    aggregate_types: list[str] | None = REVOKED_TYPE_OPTION,
+    any_aggregate_type: bool = REVOKED_ANY_TYPE_OPTION,
+    database_url: str | None = DATABASE_URL_OPTION,
+    database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
+) -> None:
+    """Take aggregate types away from a publisher role; print the types it still holds."""
+    import outbox_migrations
+
+    if not aggregate_types and not any_aggregate_type:
+        typer.secho("name what to revoke: --aggregate-type T or --any-aggregate-type", err=True)
+        raise typer.Exit(2)
+    with _database(database_url, database_url_file) as (connection, settings):
+        left = outbox_migrations.revoke_publisher(
+            connection,
+            role,
+            aggregate_types=aggregate_types or (),
+            any_aggregate_type=any_aggregate_type,
+            settings=settings,
+        )
+    typer.echo(f"{role} publishes: {', '.join(left) if left else 'nothing'}")
 
 
 @app.command("cdc-role")

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 
 from outbox.core.errors import ConfigurationError
 from outbox.core.identifiers import quote_identifier
+from outbox.core.tables import OutboxTables
 from outbox.settings import OutboxSettings
 from outbox_migrations.names import settings_in_use
 
@@ -44,10 +45,13 @@ __all__ = [
     "grant_relay",
     "is_alembic_upgrade",
     "register_types",
+    "revoke_publisher",
     "upgrade",
 ]
 
 VERSION_TABLE = "outbox_alembic_version"
+ANY_AGGREGATE_TYPE = "*"
+"""An outbox access row for every aggregate type (outbox_0008; never a valid type)."""
 SCRIPT_LOCATION = Path(__file__).resolve().parent
 
 
@@ -96,15 +100,24 @@ def current(connection: Connection, *, settings: OutboxSettings | None = None) -
 
 
 def grant_publisher(
-    connection: Connection, role: str, *, settings: OutboxSettings | None = None
+    connection: Connection,
+    role: str,
+    *,
+    aggregate_types: Sequence[str] = (),
+    any_aggregate_type: bool = False,
+    settings: OutboxSettings | None = None,
 ) -> None:
-    """Grant ``role`` what publishing needs, and nothing more.
+    """Grant ``role`` what publishing ``aggregate_types`` needs, and nothing more (added to
+    what it holds; :func:`revoke_publisher` takes types away).
 
-    It may insert events (not read or change them), draw positions, and use dedup keys:
-    write a key and its event id, never its owner or time (the server's: outbox_0007).
+    It may insert events of those types (the database refuses others: row-level security,
+    outbox_0008), read back their ids only, draw positions, and use dedup keys: write a
+    key and its event id, never its owner or time (the server's: outbox_0007).
+    ``any_aggregate_type`` allows every type (what every publisher could before 0008).
     """
     tables = (settings if settings is not None else OutboxSettings()).tables
     grantee = quote_identifier(role, field="role")
+    types = _checked_types(aggregate_types, any_aggregate_type)
     dedup = tables.qualified_dedup
     _execute(
         connection,
@@ -118,6 +131,79 @@ def grant_publisher(
         f"GRANT SELECT, DELETE ON {dedup} TO {grantee}",
         f"GRANT INSERT (dedup_key, event_id), UPDATE (event_id, created_at) ON {dedup} "
         f"TO {grantee}",
+    )
+    _allow_types(connection, tables, role, types)
+
+
+def revoke_publisher(
+    connection: Connection,
+    role: str,
+    *,
+    aggregate_types: Sequence[str] = (),
+    any_aggregate_type: bool = False,
+    settings: OutboxSettings | None = None,
+) -> list[str]:
+    """Take ``aggregate_types`` (or ``*``, every type) away from ``role``; the types it
+    still holds. Its table privileges stay (a role that holds no type writes nothing)."""
+    tables = (settings if settings is not None else OutboxSettings()).tables
+    types = _checked_types(aggregate_types, any_aggregate_type)
+    oid = _role_oid(connection, role)
+    access = tables.qualified_outbox_access
+    connection.execute(
+        text(f"DELETE FROM {access} WHERE role = :oid AND aggregatetype = ANY(:types)"),
+        {"oid": oid, "types": types},
+    )
+    return list(
+        connection.execute(
+            text(f"SELECT aggregatetype FROM {access} WHERE role = :oid ORDER BY 1"),
+            {"oid": oid},
+        ).scalars()
+    )
+
+
+def _checked_types(aggregate_types: Sequence[str], any_aggregate_type: bool) -> list[str]:
+    if any_aggregate_type:
+        if aggregate_types:
+            raise ConfigurationError(
+                "choose either aggregate types (--aggregate-type) or every type "
+                "(--any-aggregate-type), not both"
+            )
+        return [ANY_AGGREGATE_TYPE]
+    if not aggregate_types:
+        raise ConfigurationError(
+            "name the aggregate types the role publishes: --aggregate-type T (repeat it), "
+            "or --any-aggregate-type to allow every type"
+        )
+    invalid = [t for t in aggregate_types if not _AGGREGATE_TYPE.fullmatch(t)]
+    if invalid:
+        raise ConfigurationError(
+            f"aggregate type {invalid[0]!r} is not one the SDK accepts: 1 to 200 of "
+            "A-Z a-z 0-9 . _ -"
+        )
+    return sorted(set(aggregate_types))
+
+
+def _role_oid(connection: Connection, role: str) -> int:
+    oid = connection.execute(
+        text("SELECT oid FROM pg_catalog.pg_roles WHERE rolname = :role"), {"role": role}
+    ).scalar()
+    if oid is None:
+        raise ConfigurationError(f"role {role!r} does not exist: create it first")
+    return int(oid)
+
+
+def _allow_types(
+    connection: Connection, tables: OutboxTables, role: str, aggregate_types: Sequence[str]
+) -> None:
+    """Let ``role`` write and read the outbox rows of ``aggregate_types`` (``*``: all)."""
+    access = tables.qualified_outbox_access
+    _execute(connection, f"GRANT SELECT ON {access} TO {quote_identifier(role, field='role')}")
+    connection.execute(
+        text(
+            f"INSERT INTO {access} (role, aggregatetype) "
+            "SELECT :oid, unnest(CAST(:types AS text[])) ON CONFLICT DO NOTHING"
+        ),
+        {"oid": _role_oid(connection, role), "types": list(aggregate_types)},
     )
 
 
@@ -190,6 +276,7 @@ def create_cdc_role(
         # connect/outbox_connect/outbox-connector.json).
         f"GRANT SELECT, INSERT, DELETE ON {tables.qualified_heartbeat} TO {grantee}",
     )
+    _allow_types(connection, tables, role, [ANY_AGGREGATE_TYPE])
 
 
 def create_relay_role(
@@ -265,6 +352,7 @@ def grant_relay(
         f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_offset} TO {grantee}",
         f"GRANT SELECT, INSERT, UPDATE ON {tables.qualified_relay_lease} TO {grantee}",
     )
+    _allow_types(connection, tables, role, [ANY_AGGREGATE_TYPE])
 
 
 @dataclass

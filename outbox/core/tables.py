@@ -37,6 +37,7 @@ class OutboxTables:
             self.topic_check_function,
             self.dedup_stamp_function,
             self.inbox_consumer,
+            self.outbox_access,
         ):
             validate_identifier(derived, field=f"outbox table (name {derived!r} derived from it)")
 
@@ -116,6 +117,16 @@ class OutboxTables:
     @property
     def qualified_topic_check_function(self) -> str:
         return qualified_name(self.schema, self.topic_check_function, field="function")
+
+    @property
+    def outbox_access(self) -> str:
+        """Which aggregate types each role may write and read in the outbox (row-level
+        security; ``*``: every type)."""
+        return f"{self.outbox}_access"
+
+    @property
+    def qualified_outbox_access(self) -> str:
+        return qualified_name(self.schema, self.outbox_access, field="outbox table (access)")
 
     @property
     def inbox_consumer(self) -> str:

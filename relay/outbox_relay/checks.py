@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from outbox.core.errors import ConfigurationError
 from outbox.core.tables import OutboxTables
@@ -70,6 +71,29 @@ def replication_slots(connection: psycopg.Connection[Any]) -> list[SlotState]:
     ]
 
 
+def _check_sees_every_type(connection: psycopg.Connection[Any], tables: OutboxTables) -> None:
+    """Under row-level security (outbox_0008) a role sees only the aggregate types it holds:
+    a relay that held some would silently leave the others' events undelivered."""
+    outbox = f"{tables.schema}.{tables.outbox}"
+    row = connection.execute(
+        "SELECT pg_catalog.row_security_active(to_regclass(%s))", (outbox,)
+    ).fetchone()
+    if row is None or not row[0]:
+        return  # the owner, or a schema before outbox_0008
+    holds = connection.execute(
+        sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {}.{} a WHERE a.aggregatetype = '*' "
+            "AND pg_catalog.pg_has_role(current_user, a.role, 'USAGE'))"
+        ).format(sql.Identifier(tables.schema), sql.Identifier(tables.outbox_access))
+    ).fetchone()
+    if not holds or not holds[0]:
+        raise ConfigurationError(
+            f"this role sees only some aggregate types' rows of {outbox} (row-level "
+            "security): the relay must see every type. Run `outbox db grant ROLE --relay` "
+            "(or `outbox db relay-role ROLE`)"
+        )
+
+
 def check_database(
     connection: psycopg.Connection[Any], tables: OutboxTables, mode: RelayMode
 ) -> None:
@@ -98,6 +122,7 @@ def check_database(
             f"this role may not use the relay's lease table {lease}: run `outbox db upgrade`, "
             "then `outbox db grant ROLE --relay` (or `outbox db relay-role ROLE`)"
         )
+    _check_sees_every_type(connection, tables)
     if mode is RelayMode.POLLING:
         return
     wal_level = connection.execute("SHOW wal_level").fetchone()

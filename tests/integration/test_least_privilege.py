@@ -46,7 +46,14 @@ def connect_as(database: ScratchDatabase, role: str, password: str) -> psycopg.C
 def publisher(database: ScratchDatabase) -> Iterator[tuple[str, str]]:
     role = make_role(database, "app_publisher")
     result = run_outbox(
-        "db", "grant", role[0], "--publisher", env={"OUTBOX_DATABASE_URL": database.url}, timeout=60
+        "db",
+        "grant",
+        role[0],
+        "--publisher",
+        "--aggregate-type",
+        "order",
+        env={"OUTBOX_DATABASE_URL": database.url},
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     yield role
@@ -141,8 +148,8 @@ def granted_role(database: ScratchDatabase, prefix: str, *options: str) -> tuple
 def test_a_publisher_cannot_touch_another_services_dedup_keys(database: ScratchDatabase) -> None:
     """Dedup keys are scoped to the role that wrote them (row-level security): another
     publisher cannot read, delete, expire or take them over."""
-    orders = granted_role(database, "orders", "--publisher")
-    billing = granted_role(database, "billing", "--publisher")
+    orders = granted_role(database, "orders", "--publisher", "--aggregate-type", "order")
+    billing = granted_role(database, "billing", "--publisher", "--aggregate-type", "invoice")
     key = f"pay-{uuid.uuid4()}"
     try:
         with connect_as(database, *orders) as connection, connection.transaction():
@@ -296,6 +303,17 @@ def test_a_publisher_cannot_run_its_own_operators_as_the_table_owner(
     aggregate type (the registry's two paths) succeeds."""
     role, _password = publisher
     schema = f"own_{uuid.uuid4().hex[:8]}"
+    granted = run_outbox(
+        "db",
+        "grant",
+        role,
+        "--publisher",
+        "--aggregate-type",
+        f"new.{schema}",
+        env={"OUTBOX_DATABASE_URL": database.url},
+        timeout=60,
+    )
+    assert granted.returncode == 0, granted.stderr
     with database.connect(autocommit=True) as admin:
         admin.execute(
             psycopg.sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
@@ -349,8 +367,8 @@ def test_a_publisher_cannot_plant_a_dedup_key_for_another_service(
     """Owner and time of a dedup key come from the server (``session_user``, the server's
     clock), never from the client: a key planted with an empty owner and a far-future time
     made another service's publish a "duplicate" for good, its event silently dropped."""
-    svc_a = granted_role(database, "svc_a", "--publisher")
-    svc_b = granted_role(database, "svc_b", "--publisher")
+    svc_a = granted_role(database, "svc_a", "--publisher", "--aggregate-type", "payment")
+    svc_b = granted_role(database, "svc_b", "--publisher", "--aggregate-type", "payment")
     key, other_key = f"payments:{uuid.uuid4()}", f"payments:{uuid.uuid4()}"
     try:
         with connect_as(database, *svc_a) as connection:
@@ -410,3 +428,104 @@ def test_a_publisher_cannot_plant_a_dedup_key_for_another_service(
     finally:
         drop_role(database, svc_a[0])
         drop_role(database, svc_b[0])
+
+
+def test_a_publisher_writes_and_sees_only_its_own_aggregate_types(
+    database: ScratchDatabase,
+) -> None:
+    """The database, not the SDK, keeps each service to its aggregate types: another type's
+    event is refused, other services' pending ids are invisible (so none can be copied
+    before it is delivered), a revoked type is refused, and a role granted through a
+    group role it belongs to publishes as that group may."""
+    suffix = uuid.uuid4().hex[:8]  # types of this test only (rows of others stay)
+    order, invoice = f"order{suffix}", f"invoice{suffix}"
+    orders = granted_role(database, "orders", "--publisher", "--aggregate-type", order)
+    billing = granted_role(database, "billing", "--publisher", "--aggregate-type", invoice)
+    group = f"billing_group_{uuid.uuid4().hex[:8]}"
+    member = make_role(database, "billing_member")
+    with database.connect(autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("CREATE ROLE {}").format(psycopg.sql.Identifier(group)))
+        admin.execute(
+            psycopg.sql.SQL("GRANT {} TO {}").format(
+                psycopg.sql.Identifier(group), psycopg.sql.Identifier(member[0])
+            )
+        )
+    try:
+        with connect_as(database, *orders) as connection, connection.transaction():
+            real = Outbox().publish(connection, Event(order, "1", "Placed", {"total": 10}))
+            Outbox().publish(connection, Event(order, "2", "Placed", {}, dedup_key="o:2"))
+        with connect_as(database, *billing) as connection:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+                with connection.transaction():  # another service's type
+                    Outbox().publish(connection, Event(order, "1", "Cancelled", {}))
+            with connection.transaction():
+                own = Outbox().publish(connection, Event(invoice, "9", "Sent", {}, dedup_key="i"))
+                assert not own.duplicate
+            visible = {row[0] for row in connection.execute("SELECT id FROM outbox.outbox")}
+            assert own.event_id in visible
+            assert real.event_id not in visible, "billing saw another service's pending ids"
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+                with connection.transaction():  # a forged copy of the order's id and type
+                    connection.execute(
+                        "INSERT INTO outbox.outbox (id, aggregatetype, aggregateid, type, "
+                        "payload) VALUES (%s, %s, '1', 'Placed', '{}')",
+                        (real.event_id, order),
+                    )
+        result = run_outbox(
+            "db",
+            "revoke",
+            billing[0],
+            "--aggregate-type",
+            invoice,
+            env={"OUTBOX_DATABASE_URL": database.url},
+            timeout=60,
+        )
+        assert result.returncode == 0 and "publishes: nothing" in result.stdout, result.stderr
+        with connect_as(database, *billing) as connection:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+                with connection.transaction():
+                    Outbox().publish(connection, Event(invoice, "10", "Sent", {}))
+
+        result = run_outbox(
+            "db",
+            "grant",
+            group,
+            "--publisher",
+            "--aggregate-type",
+            invoice,
+            env={"OUTBOX_DATABASE_URL": database.url},
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        with connect_as(database, *member) as connection, connection.transaction():
+            assert not Outbox().publish(connection, Event(invoice, "11", "Sent", {})).duplicate
+        with connect_as(database, *member) as connection:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+                with connection.transaction():
+                    Outbox().publish(connection, Event(order, "3", "Placed", {}))
+    finally:
+        drop_role(database, orders[0])
+        drop_role(database, billing[0])
+        drop_role(database, member[0])
+        drop_role(database, group)
+
+
+def test_a_publisher_must_name_its_aggregate_types(database: ScratchDatabase) -> None:
+    role = make_role(database, "unnamed")
+    try:
+        result = run_outbox(
+            "db", "grant", role[0], "--publisher", env={"OUTBOX_DATABASE_URL": database.url}
+        )
+        assert result.returncode == 2 and "--aggregate-type T" in result.stderr
+        result = run_outbox(
+            "db",
+            "grant",
+            role[0],
+            "--publisher",
+            "--aggregate-type",
+            "bad type!",
+            env={"OUTBOX_DATABASE_URL": database.url},
+        )
+        assert result.returncode != 0 and "'bad type!'" in result.stderr, result.stderr
+    finally:
+        drop_role(database, role[0])

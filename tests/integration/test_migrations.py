@@ -231,7 +231,12 @@ def test_keys_from_before_the_upgrade_are_read_only_for_publishers(
             )
             admin.commit()
         with engine.begin() as connection:
-            outbox_migrations.grant_publisher(connection, role[0])  # the rest, as today
+            for grant in (  # the rest of outbox_0006's grant_publisher
+                "GRANT USAGE ON SCHEMA outbox TO {}",
+                "GRANT INSERT, SELECT (id) ON outbox.outbox TO {}",
+                "GRANT USAGE ON SEQUENCE outbox.outbox_position_seq TO {}",
+            ):
+                connection.execute(sa.text(grant.format(f'"{role[0]}"')))
             outbox_migrations.upgrade(connection)
         with connect_as(empty_database, *role) as connection:
             assert connection.execute(

@@ -97,7 +97,19 @@ def test_relay_roles_granted_before_the_lease_may_lead_after_the_upgrade(
     assert allowed is True
 
 
-def test_a_role_without_the_lease_is_told_how_to_fix_it(relay_bench: RelayBench) -> None:
+@pytest.mark.parametrize(
+    ("takes_away", "told"),
+    [
+        ('REVOKE ALL ON outbox.outbox_relay_lease FROM "{role}"', "lease table"),
+        (  # outbox_0008: a relay that saw only some types would leave the rest undelivered
+            "DELETE FROM outbox.outbox_access WHERE role = '{role}'::regrole",
+            "the relay must see every type",
+        ),
+    ],
+)
+def test_a_role_without_what_the_relay_needs_is_told_how_to_fix_it(
+    relay_bench: RelayBench, takes_away: str, told: str
+) -> None:
     role = f"relay_{uuid.uuid4().hex[:8]}"
     env = {
         "OUTBOX_DATABASE_URL": relay_bench.database.url,
@@ -106,14 +118,14 @@ def test_a_role_without_the_lease_is_told_how_to_fix_it(relay_bench: RelayBench)
     created = run_outbox("db", "relay-role", role, env=env)
     assert created.returncode == 0, created.stderr
     with relay_bench.database.connect() as connection:
-        connection.execute(f'REVOKE ALL ON outbox.outbox_relay_lease FROM "{role}"')
+        connection.execute(takes_away.format(role=role))
         connection.commit()
     cluster = relay_bench.database.cluster
     url = f"postgresql+psycopg://{role}:r-42@127.0.0.1:{cluster.port}/{relay_bench.database.name}"
     try:
         result = run_outbox("relay", "run", env=relay_env(relay_bench, OUTBOX_DATABASE_URL=url))
         assert result.returncode == 2, result.stderr[-2000:]
-        assert "outbox db grant ROLE --relay" in result.stderr
+        assert "outbox db grant ROLE --relay" in result.stderr and told in result.stderr
     finally:
         with relay_bench.database.connect() as connection:
             connection.execute(f'DROP OWNED BY "{role}"')

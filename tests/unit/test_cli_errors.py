@@ -38,7 +38,13 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["db", "downgrade", "base"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "current"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "expire"], NO_DATABASE, UNREACHABLE_DATABASE),
-    (["db", "grant", "app", "--publisher"], NO_DATABASE, UNREACHABLE_DATABASE),
+    (
+        ["db", "grant", "app", "--publisher", "--aggregate-type", "order"],
+        NO_DATABASE,
+        UNREACHABLE_DATABASE,
+    ),
+    (["db", "grant", "app", "--publisher"], NO_DATABASE, "--aggregate-type T"),
+    (["db", "revoke", "app", "--aggregate-type", "order"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "register-types", "order"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["db", "register-types", "--from-kafka"], BAD_KAFKA, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
     (
