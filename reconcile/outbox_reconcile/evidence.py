@@ -40,7 +40,7 @@ CREATE TABLE outbox_rows (event_id TEXT, aggregate_type TEXT, aggregate_id TEXT,
 CREATE TABLE dead_letters (event_id TEXT, aggregate_type TEXT, aggregate_id TEXT,
     position INTEGER, reason TEXT, failed_at TEXT);
 CREATE TABLE kafka (event_id TEXT, aggregate_type TEXT, aggregate_id TEXT, position INTEGER,
-    topic TEXT, partition INTEGER, "offset" INTEGER, timestamp_ms INTEGER);
+    topic TEXT, partition INTEGER, "offset" INTEGER, timestamp_ms INTEGER, digest TEXT);
 CREATE TABLE kafka_ranges (topic TEXT, partition INTEGER, start INTEGER, "end" INTEGER,
     PRIMARY KEY (topic, partition));
 CREATE TABLE malformed (topic TEXT, partition INTEGER, "offset" INTEGER, reason TEXT);
@@ -133,12 +133,13 @@ class Evidence:
                         record.partition,
                         record.offset,
                         record.timestamp_ms,
+                        record.digest,
                     )
                 )
             else:
                 bad.append((record.topic, record.partition, record.offset, record.reason))
         self._insert("malformed", 4, bad)
-        return self._insert("kafka", 8, copies)
+        return self._insert("kafka", 9, copies)
 
     def add_undecodable(self, records: Iterable[Undecodable]) -> int:
         return self._insert(

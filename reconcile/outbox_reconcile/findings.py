@@ -42,6 +42,8 @@ FINDING_KINDS: dict[str, str] = {
     "position_mismatch": "lake row whose position differs from its record's on Kafka",
     "typed_row_missing": "event in events with neither a typed row nor a quarantine row",
     "quarantined": "records or typed rows the lake set aside, by reason",
+    "conflicting_copies": "event id on Kafka in copies with different content (an id reused "
+    "or forged): never duplicates; the lake keeps the first written and sets the rest aside",
     "kafka_undecodable": "record on Kafka that no reader can take at its word (a header "
     "name that is not UTF-8): consumers dead-letter it, the relay confirms nothing by it",
 }
@@ -124,6 +126,14 @@ _QUERIES: dict[str, tuple[str, tuple[str, ...]]] = {
         ORDER BY k.topic, k.partition, k."offset\"""",
         ("event_id", "aggregate_id", "position", "topic", "partition", "offset"),
     ),
+    "conflicting_copies": (
+        """SELECT f.aggregate_type, k.event_id, count(DISTINCT k.digest), count(*),
+                  group_concat(k.topic || '[' || k.partition || ']@' || k."offset", ' ')
+        FROM kafka k JOIN kafka_first f ON f.event_id = k.event_id
+        WHERE k.digest IS NOT NULL
+        GROUP BY k.event_id HAVING count(DISTINCT k.digest) > 1 ORDER BY k.event_id""",
+        ("event_id", "contents", "copies", "read_at"),
+    ),
     "duplicate_in_lake": (
         """SELECT aggregate_type, event_id, aggregate_id, copies FROM lake_first
         WHERE copies > 1 ORDER BY event_id""",
@@ -188,7 +198,8 @@ _FIGURES: dict[str, str] = {
     "kafka_partitions": "SELECT count(*) FROM kafka_ranges",
     "kafka_records": "SELECT count(*) FROM kafka",
     "kafka_events": "SELECT count(*) FROM kafka_first",
-    "kafka_duplicate_copies": "SELECT coalesce(sum(copies - 1), 0) FROM kafka_first",
+    "kafka_duplicate_copies": """SELECT count(*) - count(DISTINCT event_id || '/' ||
+        coalesce(digest, '')) FROM kafka""",
     "kafka_malformed_records": "SELECT count(*) FROM malformed",
     "kafka_undecodable_records": "SELECT count(*) FROM undecodable",
     "lake_rows": "SELECT count(*) FROM lake",

@@ -91,6 +91,7 @@ def read_kafka(
                     timestamp_ms=record.timestamp_ms,
                     key=record.key,
                     headers=record.headers,
+                    value=record.value,
                 )
                 if isinstance(copy, Malformed) or window.holds(copy.event_id):
                     chunk.append(copy)

@@ -64,6 +64,51 @@ def test_a_healthy_pipeline_has_no_finding() -> None:
     assert report.figures["lake_events"] == 5
 
 
+def test_copies_of_one_id_with_other_content_are_a_finding_not_duplicates() -> None:
+    """An id reused or forged: its copies are never counted as harmless duplicates."""
+    evidence = Evidence()
+    healthy(evidence)
+    same = copy_of(
+        topic=TOPIC,
+        partition=0,
+        offset=7,
+        timestamp_ms=0,
+        key=b"1",
+        headers=[("id", IDS[1].encode()), ("position", b"2")],
+        value=b'{"total": 10}',
+    )
+    assert isinstance(same, KafkaCopy) and same.digest is not None
+    again = copy_of(
+        topic=TOPIC,
+        partition=0,
+        offset=8,
+        timestamp_ms=0,
+        key=b"1",
+        headers=[("id", IDS[1].encode()), ("position", b"2")],
+        value=b'{"total": 10}',
+    )
+    forged = copy_of(
+        topic="outbox.event.other",
+        partition=0,
+        offset=0,
+        timestamp_ms=0,
+        key=b"1",
+        headers=[("id", IDS[1].encode()), ("position", b"2")],
+        value=b'{"total": 0}',
+    )
+    evidence.add_kafka([same, again])
+    report = compare(evidence)
+    assert report.findings == [] and report.figures["kafka_duplicate_copies"] == 1
+    evidence = Evidence()
+    healthy(evidence)
+    evidence.add_kafka([same, again, forged])
+    report = compare(evidence)
+    assert kinds(report) == {"conflicting_copies": 1}
+    (example,) = report.findings[0].examples
+    assert example["event_id"] == IDS[1] and example["contents"] == 2
+    assert "outbox.event.other[0]@0" in example["read_at"]
+
+
 def test_an_event_deleted_from_the_lake_is_missing_but_one_not_yet_ingested_is_pending() -> None:
     evidence = Evidence()
     evidence.add_kafka([kafka(i, i, i + 1) for i in range(6)])
