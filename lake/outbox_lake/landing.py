@@ -10,10 +10,12 @@ For each micro-batch (``foreachBatch(frame, batch_id)``):
    and last record, per day the event-id ranges), and the caller's check
    (:class:`outbox_lake.guard.LogGuard`) may refuse the batch before anything is written;
 3. **dedup by event id, no MERGE**: of the copies of an event in the batch the one with the
-   lowest (topic, partition, offset) is the first; one left join against ``events``, read
-   only within the batch's id ranges, finds copies already landed. A copy whose content
-   (aggregate, type, payload, headers, trace, position) equals the first is a duplicate,
-   dropped and counted; one whose content differs is a *conflicting copy*: never a
+   lowest outbox ``position`` (drawn by the database when the row was written: a copy
+   written later with the same id, by whichever service, comes after), then the lowest
+   (topic, partition, offset), is the first; one left join against ``events``, read only
+   within the batch's id ranges, finds copies already landed (always the first). A copy
+   whose content (aggregate, type, payload, headers, trace, position) equals the first is a
+   duplicate, dropped and counted; one whose content differs is a *conflicting copy*: never a
    duplicate, it goes to ``quarantine`` with the reason, naming where the first copy is;
 4. ``quarantine`` gets its rows (records no event can be made of, conflicting copies), when
    there are any: before ``events``, so the commit that names a batch's offsets comes last;
@@ -422,7 +424,9 @@ def classify(spark: SparkSession, events: DataFrame, landed: Any) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as f
 
-    by_id = Window.partitionBy("event_id").orderBy("topic", "partition", "offset")
+    by_id = Window.partitionBy("event_id").orderBy(
+        f.col("position").asc_nulls_last(), "topic", "partition", "offset"
+    )
     where_read = f.concat_ws(
         "",
         "topic",

@@ -533,6 +533,32 @@ def test_copies_of_an_event_id_with_other_content_are_set_aside_never_landed(
         assert first_at in row["reason"]
 
 
+def test_a_copy_written_later_on_another_topic_never_replaces_the_event(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    """Another service that learns an event id and publishes a copy of it on its own topic
+    (with other content) never erases the event: the first copy is the one the database
+    wrote first (the lower outbox position), even when the copy sorts first by topic and
+    was read first, in the same batch."""
+    prefix = f"g{uuid.uuid4().hex[:8]}"
+    real_type, forger_type = f"{prefix}order", f"{prefix}aaa"
+    bootstrap = kafka_services.bootstrap_servers
+    event_id = new_event_id()
+    real = contract_record(real_type, '{"total": 10}', event_id=event_id, position=7)
+    forged = contract_record(forger_type, '{"total": 0}', event_id=event_id, position=8)
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in (forged, real)])
+    root = tmp_path / "lake"
+    ingested(lake_env(root, prefix, bootstrap))
+
+    assert [(row["topic"], row["payload"]) for row in rows(root, "events")] == [
+        (topic_for(real_type), '{"total": 10}')
+    ]
+    assert [row["event_id"] for row in rows(root, typed_table_name(real_type))] == [str(event_id)]
+    (set_aside,) = rows(root, "quarantine")
+    assert set_aside["topic"] == topic_for(forger_type) and set_aside["value"] == b'{"total": 0}'
+    assert set_aside["reason"].startswith("conflicting copy")
+
+
 def forget_topic_ids(root: Path) -> None:
     """Make the lake's progress that of a broker that gives no topic ids: one more commit
     of ``events``, with no rows, whose progress has none."""
