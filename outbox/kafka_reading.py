@@ -40,7 +40,8 @@ from typing import Any, Literal
 from outbox.core.errors import ConfigurationError, RecordsGoneError
 from outbox.core.kafka_record import KafkaRecord
 from outbox.core.partition_end import Partition, PartitionRange, ReadToEnd
-from outbox.kafka_clients import client_options, kafka_errors, open_client
+from outbox.kafka_clients import kafka_errors, open_client
+from outbox.kafka_options import client_options
 from outbox.settings import KafkaSettings, kafka_settings
 
 __all__ = [

@@ -344,13 +344,6 @@ class KafkaSettings(BaseSettings):
             how += f" with client certificate {self.ssl_certfile}"
         return f"{self.bootstrap_servers or '(no servers)'} ({how})"
 
-    def spark_options(self) -> dict[str, str]:
-        """Spark's Kafka source/sink options (``kafka.*``) for this cluster: see
-        :func:`outbox.kafka_clients.spark_options`. Holds secrets: never log the result."""
-        from outbox.kafka_clients import spark_options
-
-        return spark_options(self)
-
 
 def kafka_settings(value: KafkaSettings | str) -> KafkaSettings:
     """``value`` as settings: a plain ``host:port,...`` string is a cluster without security."""

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from outbox.core.contract import TOPIC_PREFIX
-from outbox.kafka_clients import client_options
+from outbox.kafka_options import client_options
 from outbox.settings import KafkaSettings, SaslMechanism
 from outbox_stack import PostgresCluster
 from outbox_stack.broker import BrokerSecurity, KafkaBroker

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox.core.errors import BrokerError, BrokerUnavailable
-from outbox.kafka_clients import client_options, kafka_errors, open_client
+from outbox.kafka_clients import kafka_errors, open_client
+from outbox.kafka_options import client_options
 from outbox.settings import KafkaSettings
 
 __all__ = [

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import DataLossError, OutboxError
-from outbox.kafka_clients import spark_options
 from outbox.settings import KafkaSettings
 from outbox_lake.guard import LogGuard, Refuse, StartOver
 from outbox_lake.kafka_metadata import LAKE_CLIENT_ID, PATIENCE_SECONDS, KafkaMetadata
+from outbox_lake.kafka_options import spark_options
 from outbox_lake.landing import EventsSink
 from outbox_lake.metrics import LakeMetrics
 from outbox_lake.offsets import starting_offsets

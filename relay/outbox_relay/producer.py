@@ -28,7 +28,8 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
 from outbox.core.contract import headers_for, topic_for
-from outbox.kafka_clients import client_options, open_client
+from outbox.kafka_clients import open_client
+from outbox.kafka_options import client_options
 from outbox.settings import KafkaSettings, kafka_settings
 from outbox_relay.database import OutboxRow
 from outbox_relay.failures import is_permanent, is_unreachable, reason_for

@@ -305,10 +305,10 @@ class KafkaBroker:
 
     def wait_until_ready(self) -> None:
         from kafka import KafkaAdminClient
-        from kafka.errors import KafkaError
 
-        from outbox.core.errors import BrokerAuthenticationError
-        from outbox.kafka_clients import check_login, client_options
+        from outbox.core.errors import BrokerAuthenticationError, BrokerError
+        from outbox.kafka_clients import kafka_errors, open_client
+        from outbox.kafka_options import client_options
 
         admin_settings = self.admin_settings()
         deadline = time.monotonic() + self.settings.broker_start_timeout_seconds
@@ -323,23 +323,27 @@ class KafkaBroker:
                 time.sleep(0.2)  # the JVM is still starting: a client now would only log errors
                 continue
             try:
-                check_login(admin_settings, timeout_seconds=3)
-                admin = KafkaAdminClient(
-                    **client_options(admin_settings, client_id="outbox-stack"),
-                    request_timeout_ms=3000,
-                    bootstrap_timeout_ms=3000,
+                admin = open_client(  # logs in first: a refused login is said at once
+                    admin_settings,
+                    KafkaAdminClient,
+                    {
+                        **client_options(admin_settings, client_id="outbox-stack"),
+                        "request_timeout_ms": 3000,
+                        "bootstrap_timeout_ms": 3000,
+                    },
                 )
                 try:
                     # Registered: the metadata lists this broker (Connect's first request,
                     # the cluster id, waits for a node and gives up after a minute).
-                    if admin.describe_cluster().get("brokers"):
-                        return
+                    with kafka_errors(admin_settings):
+                        if admin.describe_cluster().get("brokers"):
+                            return
                 finally:
                     admin.close()
                 time.sleep(0.2)
             except BrokerAuthenticationError as error:
                 raise StackError(f"the broker refused the stack's own client: {error}") from error
-            except (KafkaError, OSError, ValueError) as error:
+            except (BrokerError, OSError, ValueError) as error:
                 last_error = error
                 time.sleep(0.2)
         raise StackError(

@@ -28,7 +28,7 @@ import time
 import urllib.error
 from dataclasses import dataclass
 
-from outbox.kafka_clients import JAVA_SECRET_VARIABLES, java_client_config
+from outbox.kafka_java import JAVA_SECRET_VARIABLES, java_client_config
 from outbox.settings import KafkaSettings
 from outbox_connect.client import ConnectClient
 from outbox_stack.artifacts import java_classpath

@@ -21,7 +21,8 @@ from outbox import Event, Outbox, OutboxSettings
 from outbox.consumer import IdempotentConsumer
 from outbox.core.contract import event_id_of, topic_for
 from outbox.core.errors import BrokerAuthenticationError, BrokerAuthorizationError
-from outbox.kafka_clients import client_options, kafka_errors
+from outbox.kafka_clients import kafka_errors
+from outbox.kafka_options import client_options
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox.settings import KafkaSettings
 from outbox_reconcile.evidence import Evidence

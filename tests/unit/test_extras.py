@@ -27,6 +27,7 @@ EXTRA_OF = {
     "outbox/consumer.py": "relay",
     "outbox/kafka_reading.py": "relay",
     "outbox/kafka_clients.py": "relay",
+    "outbox/kafka_login.py": "relay",
     "outbox/_lenient_records.py": "relay",
     "outbox/effect_metrics.py": "relay",
     "examples/outbox_examples/shipping_service.py": "relay",

@@ -13,16 +13,12 @@ import pytest
 from pydantic import ValidationError
 
 from outbox.core.errors import BrokerAuthorizationError, ConfigurationError
-from outbox.kafka_clients import (
-    JAVA_SECRET_VARIABLES,
-    authorization_error,
-    client_options,
-    java_client_config,
-    spark_options,
-    ssl_context,
-)
+from outbox.kafka_clients import authorization_error
+from outbox.kafka_java import JAVA_SECRET_VARIABLES, java_client_config
+from outbox.kafka_options import client_options, ssl_context
 from outbox.settings import KafkaSettings, describe_validation_error
 from outbox_cli._common import load
+from outbox_lake.kafka_options import spark_options
 from outbox_stack.broker import properties_text
 from outbox_stack.connect import CLIENT_PREFIXES, ConnectWorker, secrets_pattern
 from outbox_stack.local import LocalStack
@@ -276,7 +272,7 @@ def test_a_pkcs1_key_is_refused_for_java_clients_with_the_conversion(
 def test_spark_options_map_every_setting_to_kafka_prefixed_options(
     authority: Authority, client: Issued
 ) -> None:
-    options = sasl(authority, ssl_check_hostname=False).spark_options()
+    options = spark_options(sasl(authority, ssl_check_hostname=False))
     assert options["kafka.bootstrap.servers"] == "kafka-1:9093,kafka-2:9093"
     assert options["kafka.security.protocol"] == "SASL_SSL"
     assert options["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
@@ -415,7 +411,7 @@ def test_the_docs_compose_override_uses_our_settings_and_connects_properties(
 
 
 def test_each_tls_failure_is_told_apart_with_its_fix(authority: Authority) -> None:
-    from outbox.kafka_clients import _tls_refusal
+    from outbox.kafka_login import _tls_refusal
 
     settings = sasl(authority)
     wrong_name = ssl.SSLCertVerificationError("certificate verify failed")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.sources import PACKAGES, ROOT, imports_of, sources
+from tests.sources import PACKAGES, ROOT, imports_of, module_file, modules, sources
 
 STDLIB = set(sys.stdlib_module_names)
 # The one third-party module the core may use: UUIDv7 (the standard library has it from 3.14).
@@ -71,3 +71,54 @@ def test_importing_the_sdk_and_the_contract_loads_no_database_kafka_or_spark_lib
         check=True,
     )
     assert used.stdout.strip() == "True"  # the adapter loads on first use
+
+
+def _our_imports() -> dict[str, set[str]]:
+    """Module → our modules it imports (at run time: inside functions too, not under
+    ``if TYPE_CHECKING``), read from the source."""
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for name in modules(package):
+            path = module_file(name)
+            assert path is not None
+            graph[name] = {
+                found
+                for found in imports_of(path, at_runtime=True)
+                if module_file(found) is not None and found != name
+            }
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules in order, the first again at the end), or None."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        path: list[str] = []
+        on_path: set[str] = set()
+        stack = [(start, iter(sorted(graph.get(start, ()))))]
+        path.append(start)
+        on_path.add(start)
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                on_path.discard(node)
+                done.add(node)
+                continue
+            if child in on_path:
+                return [*path[path.index(child) :], child]
+            if child not in done:
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+                path.append(child)
+                on_path.add(child)
+    return None
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import cycle among our modules, lazy imports inside functions included: a cycle
+    hidden by a function-level import is still two modules that cannot be read apart."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+    assert _cycle(_our_imports()) is None
