@@ -35,7 +35,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "relay_throughput": ([], ["--events", "5000", "--rounds", "1"]),
     "lake_ingest": (
         [],
-        ["--events", "5000", "--small-rows", "10000", "--big-rows", "50000", "--seconds", "8"],
+        ["--rates", "1000", "--seconds", "20", "--backlog", "20000"],
     ),
     "effects_ledger": ([], ["--steps", "100"]),
     "pipeline": ([], ["--rates", "500", "1000", "--seconds", "6", "--drain-seconds", "60"]),
