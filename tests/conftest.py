@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,10 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 # A server folder chosen for your own stack would be every test cluster's at once (each
 # worker's, and the clusters tests start of their own): they choose theirs.
 os.environ.pop("OUTBOX_STACK_POSTGRES_SERVER_DIR", None)
+# `outbox stack up` and `outbox demo` remember the stack they started for commands run from
+# other folders, in the user's state folder: the suite's stacks must not replace yours there
+# (nor yours be found by a test that starts a stack of its own).
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="outbox-test-state-")
 
 pytest_plugins = [
     "tests.fix_postgres",

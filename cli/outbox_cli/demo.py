@@ -35,7 +35,7 @@ def run_demo(
     from outbox.settings import KafkaSettings, OutboxSettings
     from outbox_lake.settings import LakeSettings
     from outbox_stack.demo import ORDER_TYPE, DemoPipeline
-    from outbox_stack.settings import StackSettings
+    from outbox_stack.settings import StackSettings, remember_stack
 
     console = Console()
     demo = DemoPipeline(
@@ -44,6 +44,7 @@ def run_demo(
     stack = demo.stack
     with console.status("starting PostgreSQL, the broker and Kafka Connect"):
         demo.start_stack()
+    remember_stack(demo.stack_settings)  # `outbox stack ...` finds it from any folder
     console.print(
         f"[green]stack[/] postgres {stack.postgres.display_url()}, "
         f"kafka {stack.bootstrap_servers}, connect {stack.connect.rest_url}"

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from outbox.core.errors import ConfigurationError
 from outbox_cli._common import fail, kafka_settings, load
 
 if TYPE_CHECKING:
@@ -128,13 +130,31 @@ def packages(
     typer.echo(",".join(spark_package_excludes() if excludes else spark_packages()))
 
 
+def existing_lake() -> LakeSettings:
+    """The lake's settings, when a local root is a folder that exists (else an error that
+    says where it looked and how to point elsewhere)."""
+    from outbox_lake.settings import LakeSettings
+
+    settings = load(LakeSettings)
+    if settings.is_local and not Path(settings.root).is_dir():
+        how = (
+            "OUTBOX_LAKE_ROOT"
+            if "root" in settings.model_fields_set
+            else "OUTBOX_LAKE_ROOT is unset: .lake in the current folder"
+        )
+        raise ConfigurationError(
+            f"no lake at {Path(settings.root).resolve()} ({how}): point OUTBOX_LAKE_ROOT at "
+            'the lake, e.g. eval "$(outbox stack env)" for the local stack\'s'
+        )
+    return settings
+
+
 @app.command()
 def tables() -> None:
     """List the lake's tables with row counts, versions and last update."""
     from outbox_lake.query import list_tables
-    from outbox_lake.settings import LakeSettings
 
-    for table in list_tables(load(LakeSettings)):
+    for table in list_tables(existing_lake()):
         updated = table.last_update.isoformat(timespec="seconds") if table.last_update else "-"
         typer.echo(f"{table.name:<40} {table.rows:>12,} rows  v{table.version:<6} {updated}")
 
@@ -147,10 +167,9 @@ def query(
     import duckdb
 
     from outbox_lake.query import run_sql
-    from outbox_lake.settings import LakeSettings
 
     try:
-        columns, rows = run_sql(load(LakeSettings), sql)
+        columns, rows = run_sql(existing_lake(), sql)
     except duckdb.Error as error:
         raise fail(f"query error: {error}", error) from None
     typer.echo("\t".join(columns))
@@ -172,10 +191,9 @@ def maintain(
     """Compact small files, vacuum old ones, in every table: beside a running ingest on a
     local folder; on object storage (s3://) only while the ingest job is stopped."""
     from outbox_lake.maintenance import maintain as run_maintenance
-    from outbox_lake.settings import LakeSettings
 
     reports = run_maintenance(
-        load(LakeSettings), retention_hours=retention_hours, ingest_stopped=ingest_stopped
+        existing_lake(), retention_hours=retention_hours, ingest_stopped=ingest_stopped
     )
     for report in reports:
         typer.echo(

@@ -11,6 +11,7 @@ from outbox_cli._common import configure_logging, load
 
 if TYPE_CHECKING:
     from outbox_stack.local import LocalStack, ServiceLine
+    from outbox_stack.settings import StackSettings
 
 app = typer.Typer(
     help="Run the local stack natively on loopback (no Docker).", no_args_is_help=True
@@ -23,6 +24,19 @@ def _stack() -> LocalStack:
     from outbox_stack.settings import StackSettings
 
     return LocalStack(load(StackSettings), load(KafkaSettings))
+
+
+def _where_from(settings: StackSettings) -> str:
+    """How the stack's folder was found, and how to point elsewhere."""
+    import os
+
+    from outbox_stack.settings import DEFAULT_DIR
+
+    if os.environ.get("OUTBOX_STACK_DIR"):
+        return " (OUTBOX_STACK_DIR)"
+    if DEFAULT_DIR.resolve() == settings.root:
+        return " (.stack in the current folder; OUTBOX_STACK_DIR points elsewhere)"
+    return " (the stack last started; OUTBOX_STACK_DIR points elsewhere)"
 
 
 def _print(lines: list[ServiceLine]) -> None:
@@ -41,10 +55,15 @@ def up(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each ste
 
     Idempotent: services already running are left alone.
     """
+    from outbox_stack.settings import remember_stack
+
     configure_logging(verbose)
     stack = _stack()
     lines = stack.up()
     _print(lines)
+    pointer = remember_stack(stack.settings)
+    found = f" (found from any folder: {pointer})" if pointer else ""
+    typer.echo(f"stack folder {stack.settings.root}{found}")
     typer.echo('Use it from your shell with:  eval "$(outbox stack env)"')
 
 
@@ -61,6 +80,7 @@ def status() -> None:
     """Show each service, where it listens, and its log. Exit 1 if one is down."""
     stack = _stack()
     lines = stack.status()
+    typer.echo(f"stack folder {stack.settings.root}{_where_from(stack.settings)}")
     _print(lines)
     if not all(line.running for line in lines):
         raise typer.Exit(1)
@@ -106,5 +126,8 @@ def destroy(
             "stack's logs?",
             abort=True,
         )
+    from outbox_stack.settings import forget_stack
+
     stack.destroy()
+    forget_stack(stack.settings)
     typer.echo(f"deleted the stack of {stack.settings.root}")

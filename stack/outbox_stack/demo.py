@@ -91,6 +91,8 @@ class DemoPipeline:
             lake_settings = lake_settings.model_copy(
                 update={"topic_pattern": rf"^outbox\.event\.({ORDER_TYPE}|{WARM_UP_TYPE})$"}
             )
+        if "root" not in lake_settings.model_fields_set:  # OUTBOX_LAKE_ROOT unset
+            lake_settings = lake_settings.model_copy(update={"root": str(stack_settings.lake_root)})
         self.lake_settings = lake_settings
         self.ingest = ServiceProcess(
             "lake-ingest", stack_settings.root / "demo", marker=LAKE_JOB_MARKER

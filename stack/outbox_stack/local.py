@@ -89,7 +89,7 @@ class LocalStack:
         The database URL and the connector verify PostgreSQL's certificate against the stack's
         CA (``sslmode=verify-full``, the CA file as ``sslrootcert``)."""
         tls = self.postgres.tls_parameters()
-        lake = {}
+        lake = {"OUTBOX_LAKE_ROOT": str(self.settings.lake_root)}
         if self.object_store is not None:  # the lake on the stack's S3 store, its keys with it
             lake = {
                 "OUTBOX_LAKE_ROOT": self.object_store.lake_root,

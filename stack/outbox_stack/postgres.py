@@ -174,8 +174,10 @@ class PostgresCluster:
             return self.password_file.read_text().strip()
         except FileNotFoundError as error:
             raise StackError(
-                f"the private Postgres has no password file at {self.password_file}: "
-                "run `outbox stack up` first"
+                f"no stack in {self.settings.root} (the private Postgres has no password "
+                f"file at {self.password_file}): run `outbox stack up` first, or point "
+                "OUTBOX_STACK_DIR at the stack's folder (by default `.stack` in the current "
+                "folder, else the stack `outbox stack up` last started)"
             ) from error
 
     # --- life cycle ------------------------------------------------------------------------

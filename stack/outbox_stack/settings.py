@@ -2,14 +2,60 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.core.identifiers import validate_identifier
 
-__all__ = ["StackSettings"]
+__all__ = ["StackSettings", "forget_stack", "remember_stack", "remembered_stack"]
+
+DEFAULT_DIR = Path(".stack")
+
+
+def _pointer() -> Path:
+    """The file that names the stack last started (for commands run from another folder)."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "outbox" / "stack-dir"
+
+
+def remembered_stack() -> tuple[Path, Path] | None:
+    """The folder of the stack ``outbox stack up`` last started (if it still exists) and
+    its downloads folder."""
+    try:
+        lines = _pointer().read_text().splitlines()
+    except (OSError, RuntimeError):  # no pointer, or no home folder
+        return None
+    if len(lines) != 2:
+        return None
+    found, downloads = Path(lines[0]), Path(lines[1])
+    if not found.is_absolute() or not (found / "postgres").exists():
+        return None
+    return found, downloads
+
+
+def remember_stack(settings: StackSettings) -> Path | None:
+    """Name this stack as the one to find from any folder; the pointer file, or None when it
+    cannot be written (a read-only home: commands then look in the current folder only)."""
+    try:
+        pointer = _pointer()
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        pointer.write_text(f"{settings.root}\n{settings.downloads_root}\n")
+    except (OSError, RuntimeError):
+        return None
+    return pointer
+
+
+def forget_stack(settings: StackSettings) -> None:
+    """Forget this stack (deleted) if it is the one remembered."""
+    with contextlib.suppress(OSError, RuntimeError):
+        remembered = remembered_stack()
+        if remembered is None or remembered[0] == settings.root:
+            _pointer().unlink()
 
 
 class StackSettings(BaseSettings):
@@ -22,7 +68,10 @@ class StackSettings(BaseSettings):
     )
 
     dir: Path = Path(".stack")
-    """Data, logs, pid files and generated secrets (relative to the current folder)."""
+    """Data, logs, pid files and generated secrets. Unset: `.stack` in the current folder
+    when there is one, else the stack `outbox stack up` (or `outbox demo`) last started,
+    from any folder (its path is kept in `$XDG_STATE_HOME/outbox/stack-dir`, by default
+    `~/.local/state/outbox/stack-dir`), else `.stack` here."""
     postgres_port: int = Field(default=54329, ge=1024, le=65535)
     """Loopback port of the private PostgreSQL."""
     postgres_database: str = "outbox"
@@ -36,7 +85,8 @@ class StackSettings(BaseSettings):
     postgres_start_timeout_seconds: float = Field(default=60.0, gt=0)
     """How long `up` waits for PostgreSQL to answer."""
     downloads: Path = Path(".cache/stack")
-    """Jars fetched from Maven Central, and Maven's own repository (`m2/`)."""
+    """Jars fetched from Maven Central, and Maven's own repository (`m2/`). Unset, with the
+    stack found from another folder: `.cache/stack` beside that stack's folder."""
     broker_port: int = Field(default=59092, ge=1024, le=65535)
     """Loopback port of the broker's client listener (Apache Kafka)."""
     broker_controller_port: int = Field(default=59093, ge=1024, le=65535)
@@ -62,6 +112,18 @@ class StackSettings(BaseSettings):
     object_store_start_timeout_seconds: float = Field(default=60.0, gt=0)
     """How long `up` waits for the object store."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _the_stack_last_started(cls, data: Any) -> Any:
+        """Unset ``dir``: ``.stack`` here if it exists, else the stack last started."""
+        if not isinstance(data, dict) or data.get("dir") is not None or DEFAULT_DIR.exists():
+            return data
+        remembered = remembered_stack()
+        if remembered is None:
+            return data
+        found, downloads = remembered
+        return {**data, "dir": found, "downloads": data.get("downloads") or downloads}
+
     @field_validator("postgres_database")
     @classmethod
     def _plain_identifier(cls, value: str) -> str:
@@ -85,6 +147,12 @@ class StackSettings(BaseSettings):
     @property
     def root(self) -> Path:
         return self.dir.resolve()
+
+    @property
+    def lake_root(self) -> Path:
+        """The local lake: `.lake` beside the stack's folder (the checkout's `.lake` for the
+        default `.stack`), unless OUTBOX_LAKE_ROOT says otherwise."""
+        return self.root.parent / ".lake"
 
     @property
     def downloads_root(self) -> Path:

@@ -289,3 +289,46 @@ def test_the_stack_knows_its_running_broker_by_the_address_it_recorded(tmp_path:
         assert not broker.process.is_running()
     finally:
         broker.down()
+
+
+def test_commands_find_the_stack_last_started_from_any_folder(tmp_path: Path) -> None:
+    """From another folder, without OUTBOX_STACK_DIR: `stack status` and `stack env` find
+    the stack `outbox stack up` last started (and say so), `stack env` exports the lake's
+    root too, and a lake command that finds no lake says where it looked and how to point
+    it elsewhere, instead of printing nothing."""
+    from outbox_stack.settings import forget_stack, remember_stack
+
+    settings = StackSettings(dir=tmp_path / "checkout" / ".stack", postgres_port=free_port())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cluster = PostgresCluster(settings)
+    try:
+        cluster.up()
+        assert remember_stack(settings) is not None  # as `outbox stack up` does
+        ports = ports_env(settings)
+        shown = run_outbox(
+            "stack", "status", env=ports, cwd=elsewhere, unset=("OUTBOX_STACK_DIR",), timeout=60
+        )
+        assert f"stack folder {settings.root} (the stack last started" in shown.stdout
+        assert "postgres  running" in shown.stdout, shown.stdout
+        exported = run_outbox(
+            "stack", "env", env=ports, cwd=elsewhere, unset=("OUTBOX_STACK_DIR",), timeout=60
+        )
+        assert exported.returncode == 0, exported.stderr
+        assert f"OUTBOX_LAKE_ROOT={tmp_path / 'checkout' / '.lake'}" in exported.stdout
+        assert f":{settings.postgres_port}/" in exported.stdout
+        listed = run_outbox(
+            "lake", "tables", cwd=elsewhere, unset=("OUTBOX_LAKE_ROOT",), timeout=60
+        )
+        assert listed.returncode == 2
+        assert f"no lake at {elsewhere / '.lake'} (OUTBOX_LAKE_ROOT is unset" in listed.stderr
+        assert 'eval "$(outbox stack env)"' in listed.stderr
+    finally:
+        cluster.destroy()
+        forget_stack(settings)
+    nothing = run_outbox(
+        "stack", "env", env=ports_env(settings), cwd=elsewhere, unset=("OUTBOX_STACK_DIR",)
+    )
+    assert nothing.returncode != 0
+    assert f"no stack in {elsewhere / '.stack'}" in nothing.stderr
+    assert "OUTBOX_STACK_DIR" in nothing.stderr
