@@ -11,12 +11,31 @@ No service writes to the console.
 from __future__ import annotations
 
 import shlex
+import shutil
+import sys
+from pathlib import Path
 
 import typer
 
 from outbox_cli._common import configure_logging, load
 
 EXAMPLE_QUERY = "SELECT event_type, count(*) FROM events GROUP BY 1"
+
+
+def invoked_as() -> str:
+    """How to call this command again: ``outbox`` when that is what the PATH finds, else the
+    path it was run by (``.venv/bin/outbox`` after ``make demo``)."""
+    program = Path(sys.argv[0])
+    if program.name != "outbox":  # python -m outbox_cli.main: the PATH's, if any
+        return "outbox"
+    found = shutil.which("outbox")
+    if found is not None and Path(found).resolve() == program.resolve():
+        return "outbox"
+    try:
+        shown = program.resolve().relative_to(Path.cwd())
+    except ValueError:
+        shown = program.resolve()
+    return shlex.quote(str(shown))
 
 
 def run_demo(
@@ -77,9 +96,10 @@ def run_demo(
         with console.status(f"waiting for the lake to hold {events} events"):
             demo.await_in_lake(events)
         console.print(f"[green]lake[/] all {events} events in {lake_root}")
-    finally:
+    except BaseException:  # a failure or Ctrl-C: nothing is left running behind the user
         with console.status("stopping the lake's ingest job"):
             demo.stop_lake_job()
+        raise
     report = demo.report()
 
     for title, columns, rows in (
@@ -102,11 +122,23 @@ def run_demo(
     for name, path in demo.log_files():
         console.print(f"  {name:<17} {path}", highlight=False, soft_wrap=True)
     lake_env = f"OUTBOX_LAKE_ROOT={shlex.quote(lake_root)}"
+    outbox = invoked_as()
+    on_path = (
+        []
+        if outbox == "outbox"
+        else [
+            f"(`outbox` is not on your PATH: call {outbox} as below, or "
+            f"`source {shlex.quote(str(Path(outbox).parent / 'activate'))}` first)"
+        ]
+    )
     next_steps = [
-        "The stack keeps running. Next, try:",
-        f"  {lake_env} outbox lake query {shlex.quote(EXAMPLE_QUERY)}",
-        f"  {lake_env} outbox lake tables",
-        "  outbox stack status",
-        "  outbox stack down      # stops the stack; its broker keeps its topics",
+        "The stack keeps running, the lake's ingest job with it (every outbox topic, into "
+        f"{lake_root}; `{outbox} stack status` shows it, `{outbox} stack down` stops it). "
+        "Next, try:",
+        *on_path,
+        f"  {lake_env} {outbox} lake query {shlex.quote(EXAMPLE_QUERY)}",
+        f"  {lake_env} {outbox} lake tables",
+        f"  {outbox} stack status",
+        f"  {outbox} stack down      # stops the stack and the lake job; data is kept",
     ]
     console.print("\n".join(next_steps), highlight=False, soft_wrap=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -152,11 +153,40 @@ def existing_lake() -> LakeSettings:
 @app.command()
 def tables() -> None:
     """List the lake's tables with row counts, versions and last update."""
-    from outbox_lake.query import list_tables
+    from outbox_lake.query import freshness, list_tables
 
-    for table in list_tables(existing_lake()):
+    lake = existing_lake()
+    for table in list_tables(lake):
         updated = table.last_update.isoformat(timespec="seconds") if table.last_update else "-"
         typer.echo(f"{table.name:<40} {table.rows:>12,} rows  v{table.version:<6} {updated}")
+    typer.echo(freshness_line(freshness(lake, kafka_settings())))
+
+
+def freshness_line(found: Any, now: datetime | None = None) -> str:
+    """One line: how fresh ``events`` is, and what to do when the lake is behind."""
+    now = now or datetime.now().astimezone()
+
+    def ago(moment: datetime | None) -> str:
+        return "never" if moment is None else f"{(now - moment).total_seconds():,.0f} s ago"
+
+    line = (
+        f"freshness: last commit {ago(found.last_commit)}, newest event {ago(found.newest_event)}"
+    )
+    if found.behind is None:
+        return f"{line}; lag behind Kafka unknown ({found.unknown_reason})"
+    if found.behind == 0:
+        return f"{line}; up to date with Kafka"
+    stale = found.last_commit is None or (now - found.last_commit).total_seconds() > 60
+    hint = (
+        " - no ingest job has committed for over a minute: is `outbox lake ingest` running? "
+        "(the local stack's: `outbox stack status`)"
+        if stale
+        else " (the ingest job is catching up)"
+    )
+    return (
+        f"{line}; behind Kafka by {found.behind:,} records in "
+        f"{found.partitions_behind} partitions{hint}"
+    )
 
 
 @app.command()

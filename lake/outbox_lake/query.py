@@ -17,7 +17,15 @@ from deltalake import DeltaTable
 from outbox_lake.settings import LakeSettings
 from outbox_lake.storage import open_table, table_names
 
-__all__ = ["TableInfo", "arrow_dataset", "list_tables", "run_sql", "table_names"]
+__all__ = [
+    "Freshness",
+    "TableInfo",
+    "arrow_dataset",
+    "freshness",
+    "list_tables",
+    "run_sql",
+    "table_names",
+]
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,78 @@ def list_tables(settings: LakeSettings) -> list[TableInfo]:
             )
         )
     return tables
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How far behind Kafka ``events`` is, from its last commit's progress."""
+
+    last_commit: datetime | None
+    """When the ingest job last committed (None: it never did)."""
+    newest_event: datetime | None
+    """The newest event time in ``events`` (from the files' statistics)."""
+    behind: int | None
+    """Offsets on Kafka the lake has not taken in yet, about as many records (None: Kafka
+    did not answer)."""
+    partitions_behind: int = 0
+    unknown_reason: str | None = None
+    """Why ``behind`` is unknown."""
+
+
+def _newest_event(table: DeltaTable) -> datetime | None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    actions = pa.table(table.get_add_actions(flatten=True))  # arro3's table, as pyarrow's
+    column = "max.event_time"
+    if column not in actions.schema.names or actions.num_rows == 0:
+        return None
+    newest = pc.max(actions.column(column)).as_py()
+    return newest if isinstance(newest, datetime) else None
+
+
+def _lag(offsets: int) -> int:
+    """Offsets not taken in, as records: the lake's progress ends after a partition's last
+    record, and a transaction's commit marker (Connect's, the relay's) takes the offset
+    after it, so one offset behind is up to date."""
+    return offsets if offsets > 1 else 0
+
+
+def freshness(settings: LakeSettings, kafka: Any) -> Freshness:
+    """``events``' last commit, newest event and lag behind Kafka (``kafka``: the cluster's
+    :class:`~outbox.settings.KafkaSettings`; a broker that does not answer leaves the lag
+    unknown, with the reason, at once: this never waits)."""
+    from outbox.core.errors import OutboxError
+    from outbox_lake.kafka_metadata import KafkaMetadata
+    from outbox_lake.progress import latest_progress
+    from outbox_lake.tables import EVENTS_TABLE
+
+    table = _open(settings, EVENTS_TABLE.name)
+    if table is None:
+        return Freshness(None, None, None, unknown_reason="no events table yet")
+    history = table.history(1)
+    stamp = history[0].get("timestamp") if history else None
+    last_commit = datetime.fromtimestamp(stamp / 1000).astimezone() if stamp else None
+    newest = _newest_event(table)
+    progress = latest_progress(table)
+    read = progress.partitions if progress is not None else {}
+    metadata = KafkaMetadata(kafka, settings.topic_pattern, patience_seconds=0)
+    try:
+        on_kafka = metadata.partitions()
+    except OutboxError as error:
+        return Freshness(last_commit, newest, None, unknown_reason=str(error))
+    finally:
+        metadata.close()
+    behind = {
+        where: _lag(now.latest - (read[where].end_offset if where in read else now.earliest))
+        for where, now in on_kafka.items()
+    }
+    return Freshness(
+        last_commit,
+        newest,
+        sum(behind.values()),
+        partitions_behind=sum(1 for lag in behind.values() if lag),
+    )
 
 
 def run_sql(

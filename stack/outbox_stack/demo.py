@@ -33,8 +33,7 @@ from outbox.settings import KafkaSettings, OutboxSettings
 from outbox_lake.offsets import TOPIC_REPLACED
 from outbox_lake.report import OrderReport, count_event, count_events_since, order_report
 from outbox_lake.settings import LakeSettings
-from outbox_stack.local import LocalStack
-from outbox_stack.process import ServiceProcess
+from outbox_stack.local import LAKE_JOB_MARKER, LocalStack
 from outbox_stack.settings import StackSettings
 
 if TYPE_CHECKING:
@@ -55,7 +54,6 @@ LAKE_CATCH_UP_TIMEOUT_SECONDS = 180.0
 DELIVERY_TIMEOUT_SECONDS = 180.0
 ORDER_TYPE = "order"  # the example service's aggregate type
 WARM_UP_TYPE = "demo"  # aggregate type of the warm-up event (topic outbox.event.demo)
-LAKE_JOB_MARKER = "--lake-job"
 # Logged by the demo's lake job once its first trigger has run (Spark up, source polled).
 LAKE_JOB_READY = "demo lake job: first trigger done"
 LAKE_JOB_STOPPED = "demo lake job stopped: "
@@ -86,17 +84,10 @@ class DemoPipeline:
         self.settings = settings
         self.stack_settings = stack_settings
         self.stack = LocalStack(stack_settings, kafka)
-        if lake_settings.topic_pattern == LakeSettings.model_fields["topic_pattern"].default:
-            # The demo's own topics only: the local broker may hold other experiments' topics.
-            lake_settings = lake_settings.model_copy(
-                update={"topic_pattern": rf"^outbox\.event\.({ORDER_TYPE}|{WARM_UP_TYPE})$"}
-            )
         if "root" not in lake_settings.model_fields_set:  # OUTBOX_LAKE_ROOT unset
             lake_settings = lake_settings.model_copy(update={"root": str(stack_settings.lake_root)})
         self.lake_settings = lake_settings
-        self.ingest = ServiceProcess(
-            "lake-ingest", stack_settings.root / "demo", marker=LAKE_JOB_MARKER
-        )
+        self.ingest = self.stack.lake_job
         self.since: float | None = None
         self._log_offset = 0
         self._engine: Engine | None = None
@@ -157,6 +148,7 @@ class DemoPipeline:
             jars = spark_extra_jars(self.stack_settings.downloads_root)
             env["OUTBOX_LAKE_SPARK_JARS"] = ",".join(map(str, jars))
         self.ingest.home.mkdir(parents=True, exist_ok=True)
+        (self.ingest.home / "lake-ingest.root").write_text(f"{root}\n")  # for `stack status`
         log_file = self.ingest.log_file
         offset = log_file.stat().st_size if log_file.exists() else 0
         self._log_offset = offset  # this run's part of the log starts there

@@ -24,7 +24,10 @@ from outbox_stack.postgres import PostgresCluster
 from outbox_stack.process import ServiceProcess
 from outbox_stack.settings import StackSettings
 
-__all__ = ["LocalStack", "ServiceLine", "shell_exports"]
+__all__ = ["LAKE_JOB_MARKER", "LocalStack", "ServiceLine", "shell_exports"]
+
+LAKE_JOB_MARKER = "--lake-job"
+"""The word of the lake job's command line (``python -m outbox_stack.demo --lake-job``)."""
 
 
 def shell_exports(variables: Mapping[str, str]) -> str:
@@ -70,6 +73,9 @@ class LocalStack:
         self.connect = ConnectWorker(
             self.settings, bootstrap_servers=self.bootstrap_servers, kafka=self.kafka
         )
+        self.lake_job = ServiceProcess("lake-ingest", self.settings.root / "demo", LAKE_JOB_MARKER)
+        """The lake's ingest job `outbox demo` starts and leaves running (a stack service
+        from then on: `status` shows it, `down` stops it)."""
         self.own_object_store = SeaweedStore(self.settings)
         self.object_store = self.own_object_store if self.settings.object_store else None
 
@@ -117,6 +123,7 @@ class LocalStack:
         return os.environ.get("OUTBOX_RELAY_DATABASE_PASSWORD") or self.postgres.relay_password()
 
     def down(self) -> None:
+        self.lake_job.stop(timeout=60, group=True)  # finishes its batch; Spark's JVM with it
         self.connect.down()
         self.own_broker.down()  # started before an external cluster was set: still ours
         self.own_object_store.down()  # started before OUTBOX_STACK_OBJECT_STORE was unset
@@ -197,7 +204,23 @@ class LocalStack:
                 str(self.connect.process.log_file),
             )
         )
+        if self.lake_job.pid_file.exists():  # started by `outbox demo`, not stopped since
+            lines.append(
+                ServiceLine(
+                    "lake",
+                    self.lake_job.is_running(),
+                    f"ingest job into {self._lake_root()}",
+                    self.lake_job.pid(),
+                    str(self.lake_job.log_file),
+                )
+            )
         return lines
+
+    def _lake_root(self) -> str:
+        try:
+            return (self.lake_job.home / "lake-ingest.root").read_text().strip()
+        except OSError:
+            return str(self.settings.lake_root)
 
     def logs(self) -> dict[str, list[str]]:
         """The end of each service's log file, by service."""

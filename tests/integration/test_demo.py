@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
+from outbox import Event, Outbox
 from outbox_stack import PostgresCluster, StackSettings
 from outbox_stack.demo import LAKE_JOB_READY
 from outbox_stack.local import LocalStack
@@ -68,8 +71,43 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         console = result.stdout + result.stderr
         assert not re.search(r"\bWARN|log4j|Exception", console), "services write to files only"
         assert "outbox lake query" in result.stdout and "outbox stack down" in result.stdout
+        # The lake job keeps running as a service of the stack: status shows it, and it
+        # lands what is published after the demo.
+        assert _lake_jobs_of(folder), "the demo left its lake job running"
+        shown = run_outbox("stack", "status", env=env, timeout=60)
+        lake_line = re.search(r"^lake\s+(\w+)\s+ingest job into (\S+)", shown.stdout, re.M)
+        assert lake_line is not None, shown.stdout
+        assert lake_line.groups() == ("running", str(folder / "lake")), shown.stdout
+        listed = run_outbox("lake", "tables", env=env, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert "freshness: last commit" in listed.stdout, listed.stdout
+        assert "lag behind Kafka unknown" not in listed.stdout, listed.stdout
+        exported = run_outbox("stack", "env", env=env, timeout=60)
+        url = re.search(r"^export OUTBOX_DATABASE_URL=(\S+)$", exported.stdout, re.M)
+        assert url is not None, exported.stdout
+        engine = sa.create_engine(shlex.split(url.group(1))[0])
+        try:
+            with engine.begin() as connection:
+                Outbox().publish(connection, Event("later", "1", "Published", {"after": "demo"}))
+        finally:
+            engine.dispose()
+
+        def landed_later() -> bool:
+            found = run_outbox(
+                "lake",
+                "query",
+                "SELECT count(*) FROM events WHERE aggregate_type = 'later'",
+                env=env,
+                timeout=60,
+            )
+            return found.returncode == 0 and found.stdout.split()[-1] == "1"
+
+        wait_until(landed_later, timeout=120, what="an event published after the demo landed")
+        down = run_outbox("stack", "down", env=env, timeout=180)
+        assert down.returncode == 0, down.stderr[-2000:]
         # The job's Spark JVM (a session of its own) exits once its driver has: allow it that.
-        wait_until(lambda: not _lake_jobs_of(folder), timeout=30, what="the lake job stopped")
+        wait_until(lambda: not _lake_jobs_of(folder), timeout=60, what="the lake job stopped")
+        assert "lake      stopped" not in down.stdout  # stopped on purpose: no line left
 
         # The stack destroyed, the lake kept: the new broker's topics are other logs than the
         # lake's checkpoint read. The demo refuses, saying what to do, instead of taking the

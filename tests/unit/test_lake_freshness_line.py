@@ -1,0 +1,38 @@
+"""`outbox lake tables`' freshness line: what it says of a lake behind Kafka. (Pure.)"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from outbox_cli.lake import freshness_line
+from outbox_lake.query import Freshness, _lag
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+
+
+def test_a_lake_that_keeps_up_says_so() -> None:
+    found = Freshness(NOW - timedelta(seconds=2), NOW - timedelta(seconds=3), 0)
+    assert freshness_line(found, NOW) == (
+        "freshness: last commit 2 s ago, newest event 3 s ago; up to date with Kafka"
+    )
+
+
+def test_a_lake_no_job_feeds_says_what_to_check() -> None:
+    found = Freshness(NOW - timedelta(hours=1), NOW - timedelta(hours=1), 74_968, 2)
+    line = freshness_line(found, NOW)
+    assert "behind Kafka by 74,968 records in 2 partitions" in line
+    assert "is `outbox lake ingest` running?" in line and "outbox stack status" in line
+    catching_up = freshness_line(Freshness(NOW - timedelta(seconds=5), None, 900, 1), NOW)
+    assert catching_up.endswith("(the ingest job is catching up)")
+
+
+def test_an_unknown_lag_says_why() -> None:
+    found = Freshness(None, None, None, unknown_reason="Kafka at k:1 did not answer")
+    assert freshness_line(found, NOW) == (
+        "freshness: last commit never, newest event never; lag behind Kafka unknown "
+        "(Kafka at k:1 did not answer)"
+    )
+
+
+def test_a_commit_marker_is_no_lag() -> None:
+    assert [_lag(n) for n in (-1, 0, 1, 2, 10)] == [0, 0, 0, 2, 10]
