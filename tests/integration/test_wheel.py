@@ -245,4 +245,4 @@ def test_the_quickstart_runs_on_the_base_install(
     installed_base.run(installed_base.venv / "bin" / "outbox", "db", "upgrade", env=env)
     program = next(block.code for block in blocks("docs/quickstart.md") if block.kind == "python")
     printed = installed_base.python(program, env=env)
-    assert "waits at position" in printed
+    assert "is in the outbox, committed with the order; position" in printed
