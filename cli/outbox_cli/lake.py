@@ -192,19 +192,74 @@ def freshness_line(found: Any, now: datetime | None = None) -> str:
 @app.command()
 def query(
     sql: str = typer.Argument(..., help="SQL over events, quarantine, aggregate_<type>."),
+    output: str = typer.Option(
+        "table",
+        "--format",
+        help="table (for people), csv (header row; empty for NULL) or json (one array of "
+        "objects; decimals as exact strings, times in ISO 8601).",
+    ),
 ) -> None:
-    """Run SQL over the lake tables (DuckDB over Arrow; no Spark), print a table."""
+    """Run SQL over the lake tables (DuckDB over Arrow; no Spark), print the answer."""
     import duckdb
 
     from outbox_lake.query import run_sql
 
+    if output not in ("table", "csv", "json"):
+        raise ConfigurationError(f"--format {output!r}: choose table, csv or json")
     try:
         columns, rows = run_sql(existing_lake(), sql)
     except duckdb.Error as error:
         raise fail(f"query error: {error}", error) from None
-    typer.echo("\t".join(columns))
+    typer.echo(render_answer(columns, rows, output), nl=False)
+
+
+def cell_text(value: Any) -> str:
+    """A value as people read it: decimals without padding zeros, times in ISO 8601."""
+    from decimal import Decimal
+
+    if value is None:
+        return "NULL"
+    if isinstance(value, Decimal):
+        text = format(value.normalize(), "f")
+        return text
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
+
+
+def render_answer(columns: list[str], rows: list[tuple[Any, ...]], output: str) -> str:
+    """The answer of a query as ``table``, ``csv`` or ``json`` text."""
+    import csv
+    import io
+    import json
+
+    if output == "json":
+        objects = [
+            {
+                name: value if value is None or isinstance(value, bool | int) else cell_text(value)
+                for name, value in zip(columns, row, strict=True)
+            }
+            for row in rows
+        ]
+        return json.dumps(objects, indent=1, ensure_ascii=False) + "\n"
+    if output == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow("" if value is None else cell_text(value) for value in row)
+        return buffer.getvalue()
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*columns, caption=f"{len(rows):,} rows")
     for row in rows:
-        typer.echo("\t".join("" if value is None else str(value) for value in row))
+        table.add_row(*(cell_text(value) for value in row))
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, highlight=False).print(table)
+    return buffer.getvalue()
 
 
 @app.command()

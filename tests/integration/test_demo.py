@@ -96,6 +96,8 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
             found = run_outbox(
                 "lake",
                 "query",
+                "--format",
+                "csv",
                 "SELECT count(*) FROM events WHERE aggregate_type = 'later'",
                 env=env,
                 timeout=60,

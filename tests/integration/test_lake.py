@@ -111,7 +111,12 @@ def test_events_land_exactly_once_with_typed_tables_and_quarantine(
     listed = run_outbox("lake", "tables", env=env)
     assert listed.returncode == 0 and "events" in listed.stdout, listed.stderr
     answer = run_outbox(
-        "lake", "query", "SELECT count(*) FROM events WHERE event_type = 'OrderPlaced'", env=env
+        "lake",
+        "query",
+        "--format",
+        "csv",
+        "SELECT count(*) FROM events WHERE event_type = 'OrderPlaced'",
+        env=env,
     )
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.splitlines()[1] == "22"
@@ -253,7 +258,12 @@ def test_every_sql_example_of_the_analysts_guide_runs_on_a_lake_the_job_filled(
     kinds = {f.name: f.type for f in DeltaTable(str(root / table)).schema().fields}
     assert str(kinds["total"].type) == "decimal(38,18)", kinds["total"]
     paid = run_outbox(
-        "lake", "query", "SELECT count(*) FROM events WHERE event_type = 'OrderPaid'", env=env
+        "lake",
+        "query",
+        "--format",
+        "csv",
+        "SELECT count(*) FROM events WHERE event_type = 'OrderPaid'",
+        env=env,
     )
     assert paid.returncode == 0, paid.stderr
     assert int(paid.stdout.splitlines()[1]) == 10

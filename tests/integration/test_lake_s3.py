@@ -145,7 +145,7 @@ def test_a_job_killed_mid_batch_on_s3_loses_and_duplicates_nothing_and_every_rea
     assert names == [f"aggregate_{t}" for t in (tick, order, payment)] + ["events", "quarantine"], (
         names
     )
-    answer = run_outbox("lake", "query", "SELECT count(*) FROM events", env=env)
+    answer = run_outbox("lake", "query", "--format", "csv", "SELECT count(*) FROM events", env=env)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.splitlines()[1] == str(len(committed)), answer.stdout
 
