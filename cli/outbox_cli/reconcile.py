@@ -187,7 +187,12 @@ def trace(
     try:
         wanted = uuid.UUID(event_id)
     except ValueError:
-        typer.secho(f"EVENT_ID: {event_id!r} is not a UUID", err=True, fg="red")
+        typer.secho(
+            f"error: EVENT_ID {event_id!r} is not a UUID: give an event id as `outbox lake "
+            "query` or a Kafka record's 'id' header shows it",
+            err=True,
+            fg="red",
+        )
         raise typer.Exit(2) from None
     with _readable_failures():
         lineage = trace_event(_sources(), str(wanted), scan_kafka=scan_kafka)

@@ -98,7 +98,11 @@ def health(
     except urllib.error.HTTPError as error:
         ok, body = False, error.read().decode(errors="replace")
     except (urllib.error.URLError, OSError):
-        ok, body = False, "not ok: no answer"
+        ok, body = (
+            False,
+            f"not ok: no answer at {url} (is the relay running with OUTBOX_RELAY_HTTP_PORT="
+            f"{settings.http_port}?)",
+        )
     typer.echo(body.strip())  # "ok: leader: publishing (polling mode)" and the like
     raise typer.Exit(0 if ok else 1)
 

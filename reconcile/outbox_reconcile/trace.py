@@ -13,8 +13,10 @@ reader can take at its word (a header name that is not UTF-8) is listed with its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -65,15 +67,20 @@ class Lineage:
 
     def lines(self) -> list[str]:
         out = [f"event {self.event_id} (built {self.event_time.isoformat()})"]
-        if self.outbox:
-            out.append(f"  outbox:      row present, undelivered or not deleted yet: {self.outbox}")
+        if self.outbox and self.kafka:
+            out.append(
+                "  outbox:      row kept until cleanup (delivered: on Kafka below; the relay "
+                f"in auto mode deletes rows CDC delivered): {_fields(self.outbox)}"
+            )
+        elif self.outbox:
+            out.append(f"  outbox:      row present, not delivered yet: {_fields(self.outbox)}")
         else:
             out.append("  outbox:      no row (delivered and deleted, or never committed)")
         if self.dead_letter:
-            out.append(f"  dead letter: {self.dead_letter}")
+            out.append(f"  dead letter: {_fields(self.dead_letter)}")
         if self.kafka:
             for copy in self.kafka:
-                out.append(f"  kafka:       {copy}")
+                out.append(f"  kafka:       {_fields(copy)}")
         else:
             out.append(f"  kafka:       no copy found ({self.kafka_searched})")
         for record in self.kafka_undecodable:
@@ -82,16 +89,32 @@ class Lineage:
                 f"@{record['offset']}: {record['reason']} (it may be this event)"
             )
         for row in self.lake:
-            out.append(f"  lake events: {row}")
+            out.append(f"  lake events: {_fields(row)}")
         if not self.lake:
             out.append("  lake events: not in the events table")
         if self.typed:
-            out.append(f"  lake typed:  {self.typed}")
+            out.append(f"  lake typed:  {_fields(self.typed)}")
         for row in self.quarantine:
-            out.append(f"  quarantine:  {row}")
+            out.append(f"  quarantine:  {_fields(row)}")
         for name, seconds in self.latency.items():
             out.append(f"  latency:     {name} {seconds:.3f} s")
         return out
+
+
+def _text(value: Any) -> str:
+    """A value as people read it (never a Python repr)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
+
+
+def _fields(found: Mapping[str, Any]) -> str:
+    """``name value, name value``: one place's facts on one line."""
+    return ", ".join(f"{name} {_text(value)}" for name, value in found.items())
 
 
 def _rows_of(table: DeltaTable, event_id: str, day: Any, columns: list[str]) -> list[Any]:
