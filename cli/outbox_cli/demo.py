@@ -73,6 +73,11 @@ def run_demo(
     with console.status("applying the Debezium connector"):
         connector = demo.apply_connector()
     console.print(f"[green]connector[/] {connector} running")
+    with console.status("starting the relay (auto mode)"):
+        demo.start_relay()
+    console.print(
+        "[green]relay[/] auto mode: deletes the rows CDC delivered, publishes if CDC stops"
+    )
     lake_root = demo.lake_settings.root
     with console.status("starting the lake's ingest job (Spark)"):
         demo.start_lake_job()
@@ -97,8 +102,9 @@ def run_demo(
             demo.await_in_lake(events)
         console.print(f"[green]lake[/] all {events} events in {lake_root}")
     except BaseException:  # a failure or Ctrl-C: nothing is left running behind the user
-        with console.status("stopping the lake's ingest job"):
+        with console.status("stopping the lake's ingest job and the relay"):
             demo.stop_lake_job()
+            demo.stop_relay()
         raise
     report = demo.report()
 
@@ -132,9 +138,9 @@ def run_demo(
         ]
     )
     next_steps = [
-        "The stack keeps running, the lake's ingest job with it (every outbox topic, into "
-        f"{lake_root}; `{outbox} stack status` shows it, `{outbox} stack down` stops it). "
-        "Next, try:",
+        "The stack keeps running, the relay (auto mode) and the lake's ingest job (every "
+        f"outbox topic, into {lake_root}) with it: `{outbox} stack status` shows them, "
+        f"`{outbox} stack down` stops them all. Next, try:",
         *on_path,
         f"  {lake_env} {outbox} lake query {shlex.quote(EXAMPLE_QUERY)}",
         f"  {lake_env} {outbox} lake tables",

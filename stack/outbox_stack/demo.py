@@ -51,6 +51,8 @@ log = logging.getLogger("outbox.demo")
 
 INGEST_START_TIMEOUT_SECONDS = 180.0
 LAKE_CATCH_UP_TIMEOUT_SECONDS = 180.0
+RELAY_START_TIMEOUT_SECONDS = 60.0
+RELAY_ROLE = "outbox_relay"  # `outbox db relay-role`'s default
 DELIVERY_TIMEOUT_SECONDS = 180.0
 ORDER_TYPE = "order"  # the example service's aggregate type
 WARM_UP_TYPE = "demo"  # aggregate type of the warm-up event (topic outbox.event.demo)
@@ -104,7 +106,7 @@ class DemoPipeline:
         self.stack.up()
 
     def migrate(self) -> None:
-        """The outbox's tables and the CDC role Debezium connects as."""
+        """The outbox's tables, the CDC role Debezium connects as and the relay's role."""
         import outbox_migrations
 
         with self.engine.begin() as connection:
@@ -115,6 +117,56 @@ class DemoPipeline:
                 self.stack.cdc_password(),
                 settings=self.settings,
             )
+            outbox_migrations.create_relay_role(
+                connection, RELAY_ROLE, self.stack.relay_password(), settings=self.settings
+            )
+
+    def start_relay(self) -> None:
+        """The relay in auto mode, as its own least-privileged role, in a process of its own
+        (its JSON log in its log file): it deletes the rows CDC delivered and publishes
+        itself when CDC stops. Waits until it answers its health check."""
+        import urllib.error
+        import urllib.request
+        from urllib.parse import quote
+
+        relay = self.stack.relay
+        relay.stop(timeout=30)  # one left by an interrupted demo
+        postgres = self.stack.postgres
+        tls = "&".join(f"{k}={quote(v, safe='/')}" for k, v in postgres.tls_parameters().items())
+        env = {
+            **os.environ,
+            "OUTBOX_DATABASE_URL": (
+                f"postgresql+psycopg://{RELAY_ROLE}:{quote(self.stack.relay_password(), safe='')}"
+                f"@127.0.0.1:{postgres.port}/{self.stack_settings.postgres_database}?{tls}"
+            ),
+            "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.stack.bootstrap_servers,
+            "OUTBOX_RELAY_MODE": "auto",
+            "OUTBOX_RELAY_HTTP_PORT": str(self.stack_settings.relay_port),
+        }
+        relay.start([sys.executable, "-m", "outbox_cli.main", "relay", "run"], env=env)
+        url = f"http://127.0.0.1:{self.stack_settings.relay_port}/healthz"
+        deadline = time.monotonic() + RELAY_START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if not relay.is_running():
+                raise StackError(
+                    f"the relay stopped at start-up; see {relay.log_file}:\n"
+                    + "\n".join(relay.tail(20))
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        relay.stop(timeout=30)
+        raise StackError(
+            f"the relay did not answer {url} within {RELAY_START_TIMEOUT_SECONDS:.0f} s; see "
+            f"{relay.log_file}"
+        )
+
+    def stop_relay(self) -> None:
+        self.stack.relay.stop(timeout=30)
 
     def apply_connector(self) -> str:
         """Apply the Debezium connector and wait until it runs; its name."""

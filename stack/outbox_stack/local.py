@@ -28,6 +28,8 @@ __all__ = ["LAKE_JOB_MARKER", "LocalStack", "ServiceLine", "shell_exports"]
 
 LAKE_JOB_MARKER = "--lake-job"
 """The word of the lake job's command line (``python -m outbox_stack.demo --lake-job``)."""
+RELAY_MARKER = "outbox_cli.main"
+"""A word of the stack's relay's command line (``python -m outbox_cli.main relay run``)."""
 
 
 def shell_exports(variables: Mapping[str, str]) -> str:
@@ -73,6 +75,9 @@ class LocalStack:
         self.connect = ConnectWorker(
             self.settings, bootstrap_servers=self.bootstrap_servers, kafka=self.kafka
         )
+        self.relay = ServiceProcess("relay", self.settings.root / "relay", RELAY_MARKER)
+        """The relay `outbox demo` leaves running (auto mode: it deletes the rows CDC
+        delivered, and publishes itself when CDC stops): a stack service from then on."""
         self.lake_job = ServiceProcess("lake-ingest", self.settings.root / "demo", LAKE_JOB_MARKER)
         """The lake's ingest job `outbox demo` starts and leaves running (a stack service
         from then on: `status` shows it, `down` stops it)."""
@@ -124,6 +129,7 @@ class LocalStack:
 
     def down(self) -> None:
         self.lake_job.stop(timeout=60, group=True)  # finishes its batch; Spark's JVM with it
+        self.relay.stop(timeout=30)  # drains what it sent, releases its lease
         self.connect.down()
         self.own_broker.down()  # started before an external cluster was set: still ours
         self.own_object_store.down()  # started before OUTBOX_STACK_OBJECT_STORE was unset
@@ -204,6 +210,16 @@ class LocalStack:
                 str(self.connect.process.log_file),
             )
         )
+        if self.relay.pid_file.exists():  # started by `outbox demo`, not stopped since
+            lines.append(
+                ServiceLine(
+                    "relay",
+                    self.relay.is_running(),
+                    f"auto mode, http://127.0.0.1:{self.settings.relay_port}/readyz",
+                    self.relay.pid(),
+                    str(self.relay.log_file),
+                )
+            )
         if self.lake_job.pid_file.exists():  # started by `outbox demo`, not stopped since
             lines.append(
                 ServiceLine(

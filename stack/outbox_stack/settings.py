@@ -97,6 +97,9 @@ class StackSettings(BaseSettings):
     """How long `up` waits for the broker."""
     connect_port: int = Field(default=58083, ge=1024, le=65535)
     """REST port of the Kafka Connect worker."""
+    relay_port: int = Field(default=58090, ge=1024, le=65535)
+    """Loopback port of the health and metrics endpoint of the relay `outbox demo` leaves
+    running (auto mode: it deletes the rows CDC delivered, and publishes when CDC stops)."""
     connect_heap: str = Field(default="768m", pattern=r"^[1-9][0-9]*[mg]$")
     """Connect's Java heap (`-Xms`/`-Xmx`), e.g. `768m` or `1g`."""
     connect_start_timeout_seconds: float = Field(default=180.0, gt=0)
@@ -136,6 +139,7 @@ class StackSettings(BaseSettings):
             "OUTBOX_STACK_BROKER_PORT": self.broker_port,
             "OUTBOX_STACK_BROKER_CONTROLLER_PORT": self.broker_controller_port,
             "OUTBOX_STACK_CONNECT_PORT": self.connect_port,
+            "OUTBOX_STACK_RELAY_PORT": self.relay_port,
         }
         seen: dict[int, str] = {}
         for name, port in ports.items():

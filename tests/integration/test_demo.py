@@ -42,6 +42,7 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         "OUTBOX_STACK_BROKER_PORT": str(settings.broker_port),
         "OUTBOX_STACK_BROKER_CONTROLLER_PORT": str(free_port()),
         "OUTBOX_STACK_CONNECT_PORT": str(settings.connect_port),
+        "OUTBOX_STACK_RELAY_PORT": str(free_port()),
         "OUTBOX_LAKE_ROOT": str(folder / "lake"),
         "COLUMNS": "120",
         # The demo's lake job as users run it: not on the suite's first-tier-only JIT.
@@ -78,6 +79,8 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         lake_line = re.search(r"^lake\s+(\w+)\s+ingest job into (\S+)", shown.stdout, re.M)
         assert lake_line is not None, shown.stdout
         assert lake_line.groups() == ("running", str(folder / "lake")), shown.stdout
+        relay_line = re.search(r"^relay\s+(\w+)\s+auto mode", shown.stdout, re.M)
+        assert relay_line is not None and relay_line.group(1) == "running", shown.stdout
         listed = run_outbox("lake", "tables", env=env, timeout=60)
         assert listed.returncode == 0, listed.stderr
         assert "freshness: last commit" in listed.stdout, listed.stdout
@@ -105,6 +108,20 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
             return found.returncode == 0 and found.stdout.split()[-1] == "1"
 
         wait_until(landed_later, timeout=120, what="an event published after the demo landed")
+        # The relay cleans up: every row CDC delivered leaves the outbox.
+        engine = sa.create_engine(shlex.split(url.group(1))[0])
+        try:
+
+            def drained() -> bool:
+                with engine.connect() as connection:
+                    return (
+                        connection.execute(sa.text("SELECT count(*) FROM outbox.outbox")).scalar()
+                        == 0
+                    )
+
+            wait_until(drained, timeout=120, what="the outbox drained by the relay")
+        finally:
+            engine.dispose()
         down = run_outbox("stack", "down", env=env, timeout=180)
         assert down.returncode == 0, down.stderr[-2000:]
         # The job's Spark JVM (a session of its own) exits once its driver has: allow it that.
