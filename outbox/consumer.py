@@ -14,6 +14,13 @@ error, transient or not (a cancelled query, a statement timeout, a serialization
 deadlock), counts as a failed attempt: retried up to ``max_attempts``, then a dead letter,
 so that no record can block its partition for ever.
 
+Each claim keeps the digest of the record's key, value and headers
+(:func:`~outbox.core.kafka_record.content_digest`): a copy whose event id was handled first
+with other content (an id reused or forged) is no duplicate. It is dead-lettered at once,
+with a reason naming the id, and never reaches the handler (claims from before outbox_0009
+have no digest: a copy of theirs counts as a duplicate). The inbox needs outbox_0009: on an
+older one the consumer stops with a ``ConfigurationError`` at the first record.
+
     from sqlalchemy.orm import sessionmaker
     from outbox.consumer import IdempotentConsumer
 
@@ -42,8 +49,8 @@ from typing import Any, Generic, TypeVar
 from outbox._drivers import drive, sync_executor
 from outbox.core.contract import ReceivedEvent
 from outbox.core.errors import ConfigurationError
-from outbox.core.kafka_record import KafkaRecord, Undecodable, decode_event
-from outbox.core.protocol import claim_message, dead_letter_message
+from outbox.core.kafka_record import KafkaRecord, Undecodable, content_digest, decode_event
+from outbox.core.protocol import Claim, claim_message, conflict_reason, dead_letter_message
 from outbox.core.statements import OutboxStatements
 from outbox.core.text import storable_text
 from outbox.kafka_reading import KafkaReader, ReaderRole
@@ -83,6 +90,23 @@ def _is_database_outage(error: BaseException) -> bool:
         state = error.sqlstate
         return state is None or state.startswith(_OUTAGE_STATES)
     return False
+
+
+class _InboxNotMigrated(ConfigurationError):
+    """The inbox has no ``digest`` column: the database is older than outbox_0009."""
+
+
+def _not_migrated(error: Exception) -> _InboxNotMigrated | None:
+    """A claim that failed because the inbox has no ``digest`` column (42703
+    undefined_column: the one column newer than outbox_0001 a claim names). The run stops,
+    rather than every record failing its attempts and being dead-lettered."""
+    cause = getattr(error, "orig", None) or error
+    if getattr(cause, "sqlstate", None) != "42703":
+        return None
+    return _InboxNotMigrated(
+        f"the inbox cannot keep the claims' digests ({str(cause).strip()}): migrate the "
+        "database to outbox_0009 or later (`outbox db upgrade`) before running this consumer"
+    )
 
 
 def _raise_if_refused(error: Exception) -> None:
@@ -189,17 +213,18 @@ class IdempotentConsumer(Generic[T]):
         if isinstance(event, Undecodable):
             self._dead_letter(record, None, f"not an outbox record: {event.reason}", 1, stop)
             return
+        digest = content_digest(record.key, record.value, record.headers)
         attempts = 0
         backoff = self._backoff
         while True:
             try:
                 with self._begin() as transaction:
-                    if self._claim(transaction, event):
+                    claimed = self._claim(transaction, event, digest)
+                    if claimed is Claim.NEW:
                         self._handler(transaction, event)
-                        self.stats.applied += 1
-                    else:
-                        self.stats.duplicates += 1
-                return
+                break
+            except _InboxNotMigrated:
+                raise
             except Exception as error:
                 _raise_if_refused(error)
                 if _is_database_outage(error):
@@ -221,12 +246,24 @@ class IdempotentConsumer(Generic[T]):
                         return
             _pause(backoff, stop)
             backoff = min(backoff * 2, 5.0)
+        if claimed is Claim.NEW:
+            self.stats.applied += 1
+        elif claimed is Claim.DUPLICATE:
+            self.stats.duplicates += 1
+        else:  # nothing was written: the claim found is another copy's
+            self._dead_letter(record, event, conflict_reason(event.event_id), 1, stop)
 
-    def _claim(self, transaction: T, event: ReceivedEvent) -> bool:
-        return drive(
-            claim_message(self._statements, event.event_id, self.name),
-            sync_executor(transaction),
-        )
+    def _claim(self, transaction: T, event: ReceivedEvent, digest: str) -> Claim:
+        try:
+            return drive(
+                claim_message(self._statements, event.event_id, self.name, digest),
+                sync_executor(transaction),
+            )
+        except Exception as error:
+            not_migrated = _not_migrated(error)
+            if not_migrated is not None:
+                raise not_migrated from error
+            raise
 
     def _dead_letter(
         self,

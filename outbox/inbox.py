@@ -4,6 +4,13 @@
 effects and says whether the message is new. Process it only when it is; a duplicate is then
 skipped. If the transaction rolls back, the claim goes with it and the message can be
 processed again. Several consumers claiming one id at once: exactly one gets ``True``.
+
+With ``digest=`` (of what the message says, e.g.
+:func:`outbox.core.kafka_record.content_digest` of a Kafka record), the claim keeps it, and
+a copy whose digest differs from the claimed one is no duplicate: ``claim`` raises
+:class:`ConflictingCopyError` (the id was reused or forged). Claims kept without a digest
+(before outbox_0009, or claimed without one) match any copy. Without ``digest=`` a claim
+needs no migration newer than outbox_0001; with it, outbox_0009.
 """
 
 from __future__ import annotations
@@ -13,11 +20,28 @@ from collections.abc import Generator
 from datetime import timedelta
 
 from outbox._drivers import async_executor, drive, drive_async, sync_executor
-from outbox.core.protocol import Rows, claim_message, delete_expired
+from outbox.core.errors import OutboxError
+from outbox.core.protocol import Claim, Rows, claim_message, conflict_reason, delete_expired
 from outbox.core.statements import OutboxStatements, Statement
 from outbox.settings import OutboxSettings
 
-__all__ = ["AsyncInbox", "Inbox"]
+__all__ = ["AsyncInbox", "ConflictingCopyError", "Inbox"]
+
+
+class ConflictingCopyError(OutboxError):
+    """A message id claimed before with another digest: a copy that says something else
+    under the same id. Not a duplicate: do not process it; set it aside with the reason."""
+
+    def __init__(self, message_id: str | uuid.UUID, consumer: str) -> None:
+        super().__init__(f"consumer {consumer!r}: {conflict_reason(message_id)}")
+        self.message_id = str(message_id)
+        self.consumer = consumer
+
+
+def _is_new(claim: Claim, message_id: str | uuid.UUID, consumer: str) -> bool:
+    if claim is Claim.CONFLICT:
+        raise ConflictingCopyError(message_id, consumer)
+    return claim is Claim.NEW
 
 
 class _InboxBase:
@@ -33,11 +57,24 @@ class _InboxBase:
 class Inbox(_InboxBase):
     """Claims for sync transactions (SQLAlchemy ``Session``/``Connection``, psycopg)."""
 
-    def claim(self, transaction: object, message_id: str | uuid.UUID, *, consumer: str) -> bool:
-        """True when ``message_id`` is new for ``consumer``; False for a duplicate."""
-        return drive(
-            claim_message(self._statements, message_id, consumer), sync_executor(transaction)
+    def claim(
+        self,
+        transaction: object,
+        message_id: str | uuid.UUID,
+        *,
+        consumer: str,
+        digest: str | None = None,
+    ) -> bool:
+        """True when ``message_id`` is new for ``consumer``; False for a duplicate.
+
+        With ``digest``: :class:`ConflictingCopyError` when the id was claimed with another
+        digest (one more statement, on the duplicate path only).
+        """
+        claimed = drive(
+            claim_message(self._statements, message_id, consumer, digest),
+            sync_executor(transaction),
         )
+        return _is_new(claimed, message_id, consumer)
 
     def delete_expired(self, transaction: object, older_than: timedelta | None = None) -> int:
         """Delete claims older than the retention window (``OUTBOX_INBOX_RETENTION``).
@@ -52,13 +89,20 @@ class AsyncInbox(_InboxBase):
     """The asyncio twin of :class:`Inbox`."""
 
     async def claim(
-        self, transaction: object, message_id: str | uuid.UUID, *, consumer: str
+        self,
+        transaction: object,
+        message_id: str | uuid.UUID,
+        *,
+        consumer: str,
+        digest: str | None = None,
     ) -> bool:
-        """True when ``message_id`` is new for ``consumer``; False for a duplicate."""
-        return await drive_async(
-            claim_message(self._statements, message_id, consumer),
+        """True when ``message_id`` is new for ``consumer``; False for a duplicate;
+        :class:`ConflictingCopyError` when claimed with another ``digest``."""
+        claimed = await drive_async(
+            claim_message(self._statements, message_id, consumer, digest),
             await async_executor(transaction),
         )
+        return _is_new(claimed, message_id, consumer)
 
     async def delete_expired(self, transaction: object, older_than: timedelta | None = None) -> int:
         """Delete claims older than the retention window (``OUTBOX_INBOX_RETENTION``)."""

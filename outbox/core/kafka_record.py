@@ -11,17 +11,21 @@ the chaos suite, the demo) receives :class:`KafkaRecord` objects from one readin
 - **decoding never raises.** :func:`decode_event` returns the event, or an
   :class:`Undecodable` naming the topic, partition, offset and reason: the caller
   dead-letters, quarantines or reports it, and goes on.
+
+:func:`content_digest` says whether two copies of one event id say the same thing
+(reconcile's findings, ``IdempotentConsumer``'s inbox claims).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from outbox.core.contract import ReceivedEvent, parse_record
 from outbox.core.errors import ContractViolation
 
-__all__ = ["KafkaRecord", "Undecodable", "decode_event", "undecodable"]
+__all__ = ["KafkaRecord", "Undecodable", "content_digest", "decode_event", "undecodable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +89,23 @@ def decode_event(record: KafkaRecord) -> ReceivedEvent | Undecodable:
         )
     except ContractViolation as violation:
         return Undecodable(record.topic, record.partition, record.offset, str(violation))
+
+
+def content_digest(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
+) -> str:
+    """A digest of what a record says (both delivery paths write an event's record byte for
+    byte alike: docs/contract.md), not of where it was read: its key, value and headers,
+    names and values in their order. Two copies of one event id are duplicates only when
+    their digests are equal. 24 hexadecimal digits (BLAKE2b, 96 bits).
+
+    Inbox claims keep it (outbox_0009) for as long as their retention: a new way of
+    computing it would make every copy of an event claimed before look like a conflict."""
+    digest = hashlib.blake2b(digest_size=12)
+    for part in (
+        key,
+        value,
+        *(item for name, header in headers for item in (name.encode(), header)),
+    ):
+        digest.update(b"-" if part is None else len(part).to_bytes(4, "big") + part)
+    return digest.hexdigest()

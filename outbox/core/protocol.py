@@ -8,6 +8,7 @@ what they decide.
 
 from __future__ import annotations
 
+import enum
 import json
 import uuid
 from collections.abc import Generator, Sequence
@@ -29,10 +30,12 @@ from outbox.core.statements import (
 from outbox.core.text import MAX_REASON_CHARS, is_storable, storable_text
 
 __all__ = [
+    "Claim",
     "Rows",
     "attached_batch",
     "attached_rows",
     "claim_message",
+    "conflict_reason",
     "delete_expired",
     "publish_events",
 ]
@@ -207,10 +210,35 @@ def attached_batch(events: Sequence[Event], *, max_payload_bytes: int) -> str:
     return encode_batch(attached_rows(events, max_payload_bytes=max_payload_bytes))
 
 
+class Claim(enum.Enum):
+    """What an inbox claim found."""
+
+    NEW = "new"
+    """The message was not claimed before: process it."""
+    DUPLICATE = "duplicate"
+    """Claimed before, with the same content (or content not known on one side): skip it."""
+    CONFLICT = "conflict"
+    """Claimed before with other content: the id was reused or forged. Not a duplicate:
+    never process it, set it aside (:func:`conflict_reason`)."""
+
+
+MAX_DIGEST_CHARS = 1024
+
+
 def claim_message(
-    statements: OutboxStatements, message_id: str | uuid.UUID, consumer: str
-) -> Generator[Statement, Rows, bool]:
-    """Record ``(consumer, message_id)``; True when it was new, False for a duplicate."""
+    statements: OutboxStatements,
+    message_id: str | uuid.UUID,
+    consumer: str,
+    digest: str | None = None,
+) -> Generator[Statement, Rows, Claim]:
+    """Record ``(consumer, message_id)`` and, when given, the ``digest`` of the message's
+    content; say whether it is new, a duplicate or a conflicting copy.
+
+    A new claim is one statement. An existing one is a duplicate without a second
+    statement when ``digest`` is None; with a digest, one more statement reads the claim's:
+    a different one is a conflict. A claim kept without a digest (written before
+    outbox_0009, or by a caller that gave none) is taken as the same content.
+    """
     if (
         not isinstance(consumer, str)
         or not consumer
@@ -233,10 +261,44 @@ def claim_message(
             f"message_id={message_id!r} must be a UUID or a non-empty str of at most 1024 "
             "characters, without NUL or lone surrogates"
         )
+    if digest is not None and (
+        not isinstance(digest, str)
+        or not digest
+        or len(digest) > MAX_DIGEST_CHARS
+        or not is_storable(digest)
+    ):
+        raise EventError(
+            f"digest={digest!r} must be None or a non-empty str of at most "
+            f"{MAX_DIGEST_CHARS} characters, without NUL or lone surrogates"
+        )
+    key = {"consumer": consumer, "message_id": message_id}
+    if digest is None:
+        rows = yield Statement(statements.claim_message, key, Result.ROWS)
+        return Claim.NEW if rows else Claim.DUPLICATE
     rows = yield Statement(
-        statements.claim_message, {"consumer": consumer, "message_id": message_id}, Result.ROWS
+        statements.claim_message_with_digest, {**key, "digest": digest}, Result.ROWS
     )
-    return bool(rows)
+    if rows:
+        return Claim.NEW
+    found = yield Statement(statements.claimed_digest, key, Result.ROWS)
+    return compare_digests(None if not found else found[0][0], digest)
+
+
+def compare_digests(claimed: str | None, digest: str | None) -> Claim:
+    """An existing claim's verdict: a duplicate unless both digests are known and differ.
+    (``claimed`` is None too when the claim was deleted since it was found: nothing is
+    known of it, and nothing was written.)"""
+    if claimed is None or digest is None or claimed == digest:
+        return Claim.DUPLICATE
+    return Claim.CONFLICT
+
+
+def conflict_reason(message_id: str | uuid.UUID) -> str:
+    """Why a conflicting copy was set aside, for a dead letter or an error message."""
+    return (
+        f"event id {message_id}: a copy with other content was handled first (the id was "
+        "reused or forged); this copy is no duplicate, and was not applied"
+    )
 
 
 def dead_letter_message(

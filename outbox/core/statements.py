@@ -214,11 +214,32 @@ class OutboxStatements:
 
     @cached_property
     def claim_message(self) -> str:
+        """A claim without a digest: names no column newer than outbox_0001."""
         return (
             f"INSERT INTO {self.tables.qualified_inbox} (consumer, message_id)\n"
             f"VALUES (%(consumer)s, %(message_id)s)\n"
             f"ON CONFLICT (consumer, message_id) DO NOTHING\n"
             f"RETURNING true"
+        )
+
+    @cached_property
+    def claim_message_with_digest(self) -> str:
+        """A claim that keeps the digest of what the message says (outbox_0009)."""
+        return (
+            f"INSERT INTO {self.tables.qualified_inbox} (consumer, message_id, digest)\n"
+            f"VALUES (%(consumer)s, %(message_id)s, %(digest)s)\n"
+            f"ON CONFLICT (consumer, message_id) DO NOTHING\n"
+            f"RETURNING true"
+        )
+
+    @cached_property
+    def claimed_digest(self) -> str:
+        """The digest an existing claim keeps (run after the claim found it: a statement of
+        its own, so that it sees a claim another transaction committed while the claim
+        waited for it)."""
+        return (
+            f"SELECT digest FROM {self.tables.qualified_inbox}\n"
+            f"WHERE consumer = %(consumer)s AND message_id = %(message_id)s"
         )
 
     @cached_property

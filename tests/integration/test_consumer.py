@@ -256,3 +256,56 @@ def test_a_lone_surrogate_in_a_handlers_error_is_dead_lettered_not_a_crash(
     assert letter.reason == "ValueError: cannot ship \ufffd and \ufffd"
     assert ["we\ufffdird", "\ufffd"] in letter.headers
     engine.dispose()
+
+
+def test_a_copy_with_other_content_under_a_relayed_id_is_dead_lettered(
+    relay_bench: RelayBench,
+) -> None:
+    """Issue 31: a record reusing (or forging) a delivered event's id with another payload
+    is no duplicate: it is dead-lettered with the reason, and the handler never sees it. An
+    exact copy of a relayed record is still a duplicate."""
+    aggregate_type = f"f{uuid.uuid4().hex[:10]}"
+    topic = topic_for(aggregate_type)
+    bootstrap = relay_bench.kafka.bootstrap_servers
+    with relay_bench.database.connect() as connection, connection.transaction():
+        events = [Event(aggregate_type, "1", "Paid", {"amount": n}) for n in (10, 20)]
+        Outbox().publish_many(connection, events)
+    with relay_bench.in_thread():
+        wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="relayed")
+    relayed: list[Any] = read_until(bootstrap, topic, lambda r: len(r) >= 2, timeout=60)
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    first, second = relayed
+    producer.send(topic, key=first.key, value=b'{"amount": 10000}', headers=first.headers)
+    producer.send(topic, key=second.key, value=second.value, headers=second.headers)
+    producer.flush()
+    producer.close()
+
+    engine = sa.create_engine(relay_bench.database.url)
+    handled: list[ReceivedEvent] = []
+    consumer = IdempotentConsumer(
+        name="forgery-test",
+        group_id=f"forgery-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        bootstrap_servers=bootstrap,
+        begin=engine.begin,
+        handler=lambda _connection, event: handled.append(event),
+        consumer_options=FAST_GROUP,
+    )
+    try:
+        drain(consumer, lambda: consumer.stats.dead_lettered + consumer.stats.duplicates >= 2)
+    finally:
+        consumer.close()
+    assert [event.payload for event in handled] == [{"amount": 10}, {"amount": 20}]
+    assert (consumer.stats.applied, consumer.stats.duplicates) == (2, 1)
+    assert consumer.stats.dead_lettered == 1
+    with engine.connect() as connection:
+        letter = connection.execute(
+            sa.text(
+                "SELECT event_id, reason, value FROM outbox.outbox_inbox_dead_letter "
+                "WHERE consumer = 'forgery-test'"
+            )
+        ).one()
+    assert letter.event_id == str(events[0].event_id)
+    assert f"event id {events[0].event_id}: a copy with other content" in letter.reason
+    assert bytes(letter.value) == b'{"amount": 10000}'
+    engine.dispose()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from outbox import DedupKeyUnavailableError, Event, EventError
-from outbox.core.protocol import Rows, claim_message, in_lock_order, publish_events
+from outbox.core.protocol import Claim, Rows, claim_message, in_lock_order, publish_events
 from outbox.core.statements import (
     OutboxStatements,
     Result,
@@ -147,7 +147,7 @@ def test_claim_checks_its_arguments() -> None:
     with pytest.raises(EventError, match="consumer"):
         run(claim_message(STATEMENTS, "m", ""), [])
     seen, new = run(claim_message(STATEMENTS, "m", "billing"), [[(True,)]])
-    assert new is True and seen[0].params == {"consumer": "billing", "message_id": "m"}
+    assert new is Claim.NEW and seen[0].params == {"consumer": "billing", "message_id": "m"}
 
 
 def test_named_style_for_sqlalchemy() -> None:
