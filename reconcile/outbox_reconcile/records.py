@@ -12,12 +12,13 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from outbox.core.kafka_record import content_digest
 
 __all__ = [
     "KafkaCopy",
@@ -103,21 +104,6 @@ def copy_of(
         timestamp_ms=timestamp_ms,
         digest=None if value is None else content_digest(key, value, headers),
     )
-
-
-def content_digest(
-    key: bytes | None, value: bytes, headers: Sequence[tuple[str, bytes | None]]
-) -> str:
-    """A digest of what a record says (both delivery paths write an event's record byte for
-    byte alike: docs/contract.md), not of where it was read."""
-    digest = hashlib.blake2b(digest_size=12)
-    for part in (
-        key,
-        value,
-        *(item for name, header in headers for item in (name.encode(), header)),
-    ):
-        digest.update(b"-" if part is None else len(part).to_bytes(4, "big") + part)
-    return digest.hexdigest()
 
 
 _RELATIVE = re.compile(r"^(\d+)\s*([smhd])$")
