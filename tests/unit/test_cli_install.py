@@ -75,3 +75,26 @@ def test_a_command_without_its_extra_names_the_extra_to_install(
     assert f"`outbox {path}`" in line
     assert f"needs the {extra} extra" in line
     assert f"pip install 'outbox-relay[{extra}]'" in line
+
+
+def test_the_installation_page_shows_what_the_command_prints(
+    without: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/installation.md's example of a command without its extra: the same line, the
+    same exit status."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "installation.md").read_text()
+    shown = re.search(
+        r"```text\n\$ (outbox [^\n]+)\n(error: [^\n]+)\n\$ echo \$\?\n(\d+)\n```", page
+    )
+    assert shown is not None, "the example block of a command without its extra"
+    command, line, status = shown.groups()
+    for name in list(__import__("os").environ):
+        if name.startswith("OUTBOX_"):
+            monkeypatch.delenv(name)
+    without("kafka")
+    result = CliRunner().invoke(app, shlex.split(command)[1:])
+    assert (result.exit_code, result.stderr.strip()) == (int(status), line)
