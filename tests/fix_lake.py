@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,6 +80,9 @@ def ingested_by_command(
     done = ingest(env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
+    assert re.search(r"^lake ingest: [\d,]+ batches, [\d,]+ events landed", done.stderr, re.M), (
+        "the job ends with its summary line"
+    )
     return done
 
 

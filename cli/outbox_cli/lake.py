@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -64,6 +65,7 @@ def ingest(
     metrics = LakeMetrics()
     server = _serve_metrics(settings, metrics)
     spark = spark_session(settings)
+    started = time.monotonic()
     try:
         Ingest(spark, settings, kafka, metrics).run(stop, available_now=available_now)
     except LakeStorageError:
@@ -81,6 +83,7 @@ def ingest(
         spark.stop()
     if received:
         log.info("lake ingest stopped on %s, between two batches", received[0])
+    typer.secho(metrics.summary(time.monotonic() - started), err=True)
 
 
 def _serve_metrics(settings: LakeSettings, metrics: Any) -> Any:

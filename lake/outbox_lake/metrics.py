@@ -87,6 +87,22 @@ class LakeMetrics:
         )
         self.batches = Counter("outbox_lake_batches", "Micro-batches landed.", registry=r)
 
+    def summary(self, seconds: float) -> str:
+        """One line of what this job did (for its end): batches, events, what was dropped
+        or set aside, and the rate."""
+
+        def count(name: str, **labels: str) -> int:
+            return int(self.registry.get_sample_value(f"{name}_total", labels) or 0)
+
+        events = count("outbox_lake_events")
+        aside = sum(count("outbox_lake_quarantined", kind=kind) for kind in ("record", "typed"))
+        return (
+            f"lake ingest: {count('outbox_lake_batches'):,} batches, {events:,} events landed, "
+            f"{count('outbox_lake_duplicates_dropped'):,} duplicates dropped, {aside:,} rows "
+            f"set aside ({count('outbox_lake_conflicting_copies'):,} conflicting copies), in "
+            f"{seconds:,.1f} s ({events / max(seconds, 1e-9):,.0f} events/s)"
+        )
+
     def saw_events(self, newest_event_time: float) -> None:
         self.newest_event_time = max(self.newest_event_time, newest_event_time)
 

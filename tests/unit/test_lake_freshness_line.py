@@ -36,3 +36,19 @@ def test_an_unknown_lag_says_why() -> None:
 
 def test_a_commit_marker_is_no_lag() -> None:
     assert [_lag(n) for n in (-1, 0, 1, 2, 10)] == [0, 0, 0, 2, 10]
+
+
+def test_the_ingest_summary_counts_what_the_job_did() -> None:
+    from outbox_lake.metrics import LakeMetrics
+
+    metrics = LakeMetrics()
+    metrics.batches.inc(3)
+    metrics.events.inc(75_000)
+    metrics.duplicates.inc(12)
+    metrics.quarantined.labels("record").inc(2)
+    metrics.quarantined.labels("typed").inc(1)
+    metrics.conflicting.inc(1)
+    assert metrics.summary(30.0) == (
+        "lake ingest: 3 batches, 75,000 events landed, 12 duplicates dropped, 3 rows set "
+        "aside (1 conflicting copies), in 30.0 s (2,500 events/s)"
+    )
