@@ -155,8 +155,20 @@ def _print_report(report: Any) -> None:
         f"partitions); lake: {figures['lake_events']:,} events, "
         f"{figures['lake_pending_ingest']:,} not ingested yet"
     )
+    behind = figures["lake_pending_ingest"]
+    if behind:
+        typer.secho(
+            f"  the lake is {behind:,} events behind Kafka (on Kafka, not ingested yet): they "
+            "are not judged; if that does not shrink, is `outbox lake ingest` running? "
+            "(`outbox lake tables` shows the lake's freshness)",
+            fg="yellow",
+        )
     if not report.findings:
-        typer.secho("no findings", fg="green")
+        typer.secho(
+            "no findings"
+            + (f" among what the lake has taken in ({behind:,} not yet)" if behind else ""),
+            fg="green",
+        )
         return
     for aggregate_type, kinds in sorted(report.by_aggregate_type().items()):
         typer.secho(f"aggregate type {aggregate_type!r}:", bold=True)
