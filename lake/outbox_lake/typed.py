@@ -13,7 +13,8 @@ micro-batch of new ``events`` rows:
 2. per aggregate type, the executors type every row against those columns, or set it aside
    with the reason; the typed rows whose event id the table lacks (read on the driver within
    the batch's id ranges, as ``events`` is) are appended in one commit, new columns added
-   (schema evolution);
+   (schema evolution); a ``bigint`` column that a fraction widens to ``decimal(38,18)`` is
+   rewritten first (:func:`widen_to_decimal`);
 3. the typed rows set aside go to ``quarantine`` (``target_table`` names the typed table).
 
 Idempotent by content like every write of the job: a batch replayed after a crash, or the
@@ -50,12 +51,12 @@ from outbox_lake.records import TYPING_RECURSION_LIMIT, recursion_limit
 from outbox_lake.settings import LakeSettings
 from outbox_lake.storage import open_table
 from outbox_lake.tables import QUARANTINE_TABLE, TYPED_BASE
-from outbox_lake.typed_rows import payload_columns, type_batch, typed_batch_schema
+from outbox_lake.typed_rows import payload_columns, type_batch, typed_batch_schema, widens
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["TypedSink", "decide_columns", "typed_through"]
+__all__ = ["TypedSink", "decide_columns", "typed_through", "widen_to_decimal", "widened"]
 
 log = logging.getLogger("outbox.lake.typed")
 
@@ -96,15 +97,78 @@ def decide_columns(existing: dict[str, str], met: Iterable[tuple[Any, str, str]]
     """A typed table's payload columns for a batch: those it has, then each new field in the
     order of the record that first brought it (its kind decided by that record). A field that
     differs only in case from a column, or from a field met earlier, gets no column (its rows
-    are set aside with the reason)."""
+    are set aside with the reason). A column met with a kind that widens it
+    (:func:`~outbox_lake.typed_rows.widens`: a fraction that fits ``decimal(38,18)``
+    exactly, for a ``long`` column) takes that kind."""
     columns = dict(existing)
     taken = {name.lower() for name in (*existing, *_TYPED_BASE_NAMES)}
     for _, name, kind in sorted(met, key=lambda item: item[0]):
         if name.lower() in taken:
+            if widens(columns.get(name), kind):
+                columns[name] = kind
             continue
         taken.add(name.lower())
         columns[name] = kind
     return columns
+
+
+def widened(existing: dict[str, str], columns: dict[str, str]) -> list[str]:
+    """The table's columns whose kind ``columns`` changes (widens), in the table's order."""
+    return [name for name, kind in existing.items() if columns.get(name, kind) != kind]
+
+
+WIDEN_ATTEMPTS = 3
+"""A rewrite that meets a concurrent commit (a compaction by ``outbox lake maintain``) is
+tried again this many times in all, then the batch fails (the job stops; run again, it
+redoes the batch)."""
+
+
+def widen_to_decimal(spark: SparkSession, uri: str, names: list[str]) -> None:
+    """The typed table at ``uri`` rewritten with its ``bigint`` columns ``names`` as
+    ``decimal(38,18)``: one Delta commit (an overwrite with the new schema) that replaces
+    every file by one holding the same rows, each value kept (``10`` is
+    ``10.000000000000000000``; every bigint fits, 2^63 being below 10^20).
+
+    Not Delta's type widening, though Delta 4.4 does change ``long`` to ``decimal(38,18)``
+    in place: it sets the reader table feature ``typeWidening``, which ``deltalake`` (1.6:
+    ``outbox lake query``, DuckDB through Arrow, ``outbox reconcile``) refuses to read. The
+    rewrite keeps the table at protocol 1/2 without a feature, its metadata name (the
+    aggregate type), properties and partitions: every reader reads it. Readers see the
+    table before or after the commit, never between; the old files stay until a vacuum
+    past its retention. The typed query is the table's one writer (its rows are written
+    only by this query, one batch at a time): the rewrite holds every row of the table."""
+    from pyspark.sql import functions as f
+
+    wanted = set(names)
+    for attempt in range(1, WIDEN_ATTEMPTS + 1):
+        table = spark.read.format("delta").load(uri)
+        # Quoted: a payload field may be named "fee.net" (a backtick it may not hold).
+        columns = [
+            f.col(f"`{column}`").cast(DECIMAL_TYPE).alias(column)
+            if column in wanted
+            else f.col(f"`{column}`")
+            for column in table.columns
+        ]
+        try:
+            (
+                table.select(*columns)
+                .write.format("delta")
+                .mode("overwrite")
+                .option("overwriteSchema", "true")
+                .partitionBy("event_date")
+                .save(uri)
+            )
+            return
+        except Exception as error:
+            if attempt == WIDEN_ATTEMPTS or not _concurrent(error):
+                raise
+            log.warning("widening %s met a concurrent commit; again: %s", uri, error)
+
+
+def _concurrent(error: Exception) -> bool:
+    """Whether Delta refused a commit for a concurrent one (trying again may succeed)."""
+    text = f"{type(error).__name__}: {error}"
+    return "DELTA_CONCURRENT" in text or ("Concurrent" in text and "Exception" in text)
 
 
 @dataclass
@@ -327,6 +391,15 @@ class TypedSink:
                 return [first.frame]
             pending = first.frame.where("_pending").select("event_id").join(mine, "event_id")
         columns = decide_columns(existing, new_fields(pending))
+        widening = widened(existing, columns)
+        if widening:
+            log.info(
+                "typed table %s: %s widened from bigint to %s (the table rewritten)",
+                name,
+                ", ".join(widening),
+                DECIMAL_TYPE,
+            )
+            widen_to_decimal(spark, uri, widening)
         if owner is None:
             create_table(
                 self.settings,

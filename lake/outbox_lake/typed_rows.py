@@ -25,8 +25,19 @@ What a later value of another kind becomes: an integer fits a ``decimal`` or ``d
 column (widened); a fractional number in a ``decimal`` column keeps 18 digits after the
 point (more are rounded, half to even), in a ``double`` column becomes the nearest double,
 and in a ``string`` column (a table from before the SDK wrote ``Decimal`` as a number) is
-kept as its exact text. Anything else (a string into a number column, a fraction into a
-``bigint`` column, a decimal of 10^20 or more into a ``decimal`` column) sets the row aside.
+kept as its exact text. A fractional number that fits ``decimal(38,18)`` exactly, in a
+``bigint`` column, widens the *column* (:func:`widens`: money first sent as ``10``, then as
+``9.90``): the column becomes ``decimal(38,18)``, its rows keep their values (``10`` is
+``10.000000000000000000``), and from then on it is a ``decimal`` column like any other. A
+fraction that does not fit exactly (more than 18 digits after the point, or 10^20 or more)
+leaves a ``bigint`` column as it is and sets its row aside, the reason naming the fix: a
+``double`` would make every sum of the column inexact. Anything else (a string into a
+number column, a decimal of 10^20 or more into a ``decimal`` column) sets the row aside.
+
+How the job finds a widening: typing a batch against the table's columns (``pending``), a
+row with a fraction for a ``bigint`` column is marked pending, as a row bringing a new field
+is; the driver then decides the columns from the pending rows' own kinds (a field's kind
+``decimal`` met for a ``long`` column widens it), and those rows are typed again.
 """
 
 from __future__ import annotations
@@ -50,7 +61,14 @@ from outbox.core.lake_contract import (
 )
 from outbox.core.payload import encode_parsed_json
 
-__all__ = ["TYPED_BASE", "kind_of", "payload_columns", "type_batch", "typed_batch_schema"]
+__all__ = [
+    "TYPED_BASE",
+    "kind_of",
+    "payload_columns",
+    "type_batch",
+    "typed_batch_schema",
+    "widens",
+]
 
 DECIMAL = pa.decimal128(DECIMAL_PRECISION, DECIMAL_SCALE)
 
@@ -112,9 +130,33 @@ def _into(name: str, cell: Any, kind: pa.DataType, known: pa.DataType, table_nam
         return number
     if known == pa.string() and isinstance(cell, Decimal):
         return str(cell)  # a column from before the SDK wrote Decimal as a number: its text
+    if known == pa.int64() and isinstance(cell, Decimal) and not decimal_fits(cell):
+        raise _Refused(_no_exact_decimal(name, cell, table_name))
     raise _Refused(
         f"payload field {name!r} is {_kind_name(kind)} here but {_kind_name(known)} in {table_name}"
     )
+
+
+def _no_exact_decimal(name: str, value: Decimal, table_name: str) -> str:
+    """Why a fraction no ``decimal(38,18)`` holds exactly stays out of a ``bigint`` column."""
+    if decimal_column_value(value) is None:
+        return (
+            f"payload field {name!r} = {value} is a fraction of 10^20 or more, and the column "
+            f"is bigint in {table_name}: neither a bigint nor a {DECIMAL_TYPE} holds it; send "
+            "it as a string"
+        )
+    return (
+        f"payload field {name!r} = {value} has more than 18 digits after the point, and the "
+        f"column is bigint in {table_name}: it widens to {DECIMAL_TYPE} only for a fraction "
+        "that type holds exactly; round it to 18 places (Decimal.quantize), or send it as a "
+        "string"
+    )
+
+
+def widens(column: str | None, kind: str) -> bool:
+    """Whether a value of ``kind`` widens a column of kind ``column`` (to ``kind``): only a
+    ``decimal`` (a fraction that fits ``decimal(38,18)`` exactly) into a ``long`` column."""
+    return column == "long" and kind == "decimal"
 
 
 def _kind_name(kind: pa.DataType) -> str:
@@ -154,10 +196,15 @@ def _type_row(
     columns: dict[str, pa.DataType],
     by_lower: dict[str, str],
     table_name: str,
-) -> tuple[dict[str, Any], dict[str, pa.DataType]]:
+    *,
+    defer_fractions: bool = False,
+) -> tuple[dict[str, Any], dict[str, pa.DataType], bool]:
+    """The row's cells, the columns it brings, and whether it was left untyped for a
+    fraction in a ``bigint`` column (``defer_fractions``: the column may widen)."""
     payload = _load(event["payload"])
     cells: dict[str, Any] = {}
     new: dict[str, pa.DataType] = {}
+    deferred = False
     row_lower: dict[str, str] = {}
     for name, value in payload.items():
         problem = _name_problem(name)
@@ -183,12 +230,15 @@ def _type_row(
                 )
             new[name] = kind
             known = kind
+        if defer_fractions and known == pa.int64() and isinstance(cell, Decimal):
+            deferred = True  # typed again once the batch's columns are decided
+            continue
         if kind != known or isinstance(cell, Decimal):
             # A Decimal goes as the column holds it, even one that fits exactly: its own
             # digits may be more than Arrow's 38 (1234567890.000000000000000000000000000000)
             cell = _into(name, cell, kind, known, table_name)
         cells[name] = cell
-    return cells, new
+    return cells, new, deferred
 
 
 # -- on the executors: the same decisions, one batch at a time --------------------------------
@@ -214,7 +264,7 @@ def payload_columns(payload_text: str | None) -> list[tuple[str, str]] | None:
     if payload_text is None:
         return None
     try:
-        _, new = _type_row({"payload": payload_text}, {}, {}, dict(_BASE_LOWER), "the table")
+        _, new, _ = _type_row({"payload": payload_text}, {}, {}, dict(_BASE_LOWER), "the table")
     except Exception:
         return None
     return [(name, kind_of(kind)) for name, kind in new.items()]
@@ -247,9 +297,9 @@ def type_batch(
 ) -> pa.RecordBatch:
     """Type ``events`` (parsed rows of one aggregate type) into the table whose payload
     columns are exactly ``columns``: each row typed, or set aside with ``_reason``. With
-    ``pending``, a row whose payload brings a field the columns lack is neither: it is
-    marked ``_pending`` (typed again once the batch's new columns are decided). Never
-    raises for a row."""
+    ``pending``, a row whose payload brings a field the columns lack, or a fraction for a
+    ``bigint`` column (which it may widen), is neither: it is marked ``_pending`` (typed
+    again once the batch's columns are decided). Never raises for a row."""
     existing = {name: _ARROW_OF_KIND.get(kind, pa.string()) for name, kind in columns.items()}
     schema = typed_batch_schema(columns)
     by_lower = {**_BASE_LOWER, **{name.lower(): name for name in existing}}
@@ -264,8 +314,10 @@ def type_batch(
         }
         base = {name: event.get(name) for name in _BASE_NAMES}
         try:
-            cells, new = _type_row(event, existing, {}, dict(by_lower), table_name)
-            if new and pending:
+            cells, new, deferred = _type_row(
+                event, existing, {}, dict(by_lower), table_name, defer_fractions=pending
+            )
+            if (new or deferred) and pending:
                 row = {**base, **record, "_reason": None, "_pending": True}
                 out.append(row)
                 continue

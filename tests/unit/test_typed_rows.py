@@ -85,7 +85,7 @@ def test_each_untypable_row_is_set_aside_with_a_reason_naming_the_field() -> Non
         assert any(expected in reason for reason in found), (expected, found)
 
 
-def test_types_are_kept_across_batches_ints_widen_and_case_twins_are_refused() -> None:
+def test_types_are_kept_across_batches_numbers_widen_and_case_twins_are_refused() -> None:
     existing = {"Total": "double", "count": "long"}
     rows = [
         event('{"Total": 3, "count": 2}'),
@@ -96,11 +96,12 @@ def test_types_are_kept_across_batches_ints_widen_and_case_twins_are_refused() -
     ]
     out = typed(rows, existing)
     assert out[0]["Total"] == 3.0 and isinstance(out[0]["Total"], float)
+    # a fraction widens the bigint column: both rows land, as decimals
+    assert (out[0]["count"], out[1]["count"]) == (Decimal(2), Decimal("2.5"))
     assert out[3]["new"] == "x"
     found = reasons(out)
-    assert "'count' is decimal(38,18) here but int64" in found[0]
-    assert "differs only in case from the column 'Total'" in found[1]
-    assert "'new' is int64 here but string" in found[2]
+    assert "differs only in case from the column 'Total'" in found[0]
+    assert "'new' is int64 here but string" in found[1]
     assert list(out[0])[:7] == [
         "event_id",
         "aggregate_type",
@@ -141,7 +142,7 @@ def test_what_a_number_of_another_kind_becomes_in_an_existing_column() -> None:
         event('{"amount": 1e25}'),  # 10^20 or more: set aside
         event('{"ratio": 12.30}'),  # into a double column: the nearest double
         event('{"note": 12.30}'),  # into a string column from before: its exact text
-        event('{"count": 2.5}'),  # never narrowed into bigint
+        event('{"count": 2.5}'),  # widens the bigint column to decimal
         event('{"amount": "12.30"}'),  # a string is not a number
     ]
     out = typed(rows, existing)
@@ -150,7 +151,7 @@ def test_what_a_number_of_another_kind_becomes_in_an_existing_column() -> None:
     assert "'amount' = 1E+25 does not fit the column's decimal(38,18)" in str(out[2]["_reason"])
     assert out[3]["ratio"] == 12.3
     assert out[4]["note"] == "12.30"
-    assert "'count' is decimal(38,18) here but int64" in str(out[5]["_reason"])
+    assert out[5]["count"] == Decimal("2.5")
     assert "'amount' is string here but decimal(38,18)" in str(out[6]["_reason"])
 
 
