@@ -100,8 +100,10 @@ class LocalStack:
         The database URL and the connector verify PostgreSQL's certificate against the stack's
         CA (``sslmode=verify-full``, the CA file as ``sslrootcert``)."""
         tls = self.postgres.tls_parameters()
-        lake = {"OUTBOX_LAKE_ROOT": str(self.settings.lake_root)}
+        lake = {}
+        local_lake = {"OUTBOX_LAKE_ROOT": str(self.settings.lake_root)}  # beside the stack
         if self.object_store is not None:  # the lake on the stack's S3 store, its keys with it
+            local_lake = {}
             lake = {
                 "OUTBOX_LAKE_ROOT": self.object_store.lake_root,
                 **self.object_store.client_environment(),
@@ -116,6 +118,7 @@ class LocalStack:
             "OUTBOX_CONNECT_DATABASE_SSLROOTCERT": tls["sslrootcert"],
             "OUTBOX_CONNECT_URL": self.connect.rest_url,
             "OUTBOX_RELAY_DATABASE_PASSWORD": self.relay_password(),
+            **local_lake,
         }
 
     def cdc_password(self) -> str:
