@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from outbox_cli import connect, db, demo, effects, lake, reconcile, relay, stack
+from outbox_cli import connect, consumer, db, demo, effects, lake, reconcile, relay, stack
 from outbox_cli._common import DISTRIBUTION, friendly_errors, show_tracebacks
 
 app = typer.Typer(
@@ -55,6 +55,7 @@ app.add_typer(connect.app, name="connect")
 app.add_typer(relay.app, name="relay")
 app.add_typer(lake.app, name="lake")
 app.add_typer(effects.app, name="effects")
+app.add_typer(consumer.app, name="consumer")
 app.command("demo")(demo.run_demo)
 reconcile.register(app)
 

@@ -324,7 +324,12 @@ def test_a_relay_that_cannot_verify_the_server_stops_with_the_reason(
 
 # -- the CLI --------------------------------------------------------------------------------
 
-CLI_COMMANDS = [("db", "current"), ("effects", "list"), ("relay", "dead-letters", "list")]
+CLI_COMMANDS = [
+    ("db", "current"),
+    ("effects", "list"),
+    ("relay", "dead-letters", "list"),
+    ("consumer", "dead-letters", "list"),
+]
 
 
 @pytest.mark.parametrize("command", CLI_COMMANDS, ids=[" ".join(c) for c in CLI_COMMANDS])

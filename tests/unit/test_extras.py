@@ -30,6 +30,7 @@ EXTRA_OF = {
     "outbox/kafka_login.py": "relay",
     "outbox/_lenient_records.py": "relay",
     "outbox/effect_metrics.py": "relay",
+    "outbox/consumer_dead_letters.py": "relay",
     "examples/outbox_examples/shipping_service.py": "relay",
     "examples/outbox_examples/payment_effects.py": "relay",
     "relay/outbox_relay": "relay",
