@@ -9,8 +9,10 @@ the suite's services: all but the TCP proxy) fails collection with the fix to ma
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +33,7 @@ os.environ.pop("OUTBOX_STACK_POSTGRES_SERVER_DIR", None)
 # other folders, in the user's state folder: the suite's stacks must not replace yours there
 # (nor yours be found by a test that starts a stack of its own).
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="outbox-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)
 
 pytest_plugins = [
     "tests.fix_postgres",
