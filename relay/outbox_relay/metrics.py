@@ -192,6 +192,12 @@ class RelayMetrics:
         self.takeovers = Counter(
             "outbox_relay_takeovers", "Times the relay took over from CDC (auto mode).", registry=r
         )
+        self.connect_unblocked = Counter(
+            "outbox_relay_connect_unblocked",
+            "Hanging transactions on Kafka Connect's offsets topic the relay aborted (auto "
+            "mode): each held a Connect worker at start-up.",
+            registry=r,
+        )
         self.stepbacks = Counter(
             "outbox_relay_stepbacks",
             "Times the relay stepped back for CDC (auto mode).",

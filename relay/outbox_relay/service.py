@@ -36,6 +36,7 @@ from outbox.core.errors import (
     BrokerAuthorizationError,
     BrokerError,
     DatabaseError,
+    OutboxError,
 )
 from outbox.core.tables import DEFAULT_CDC_TOPIC_PREFIX, OutboxTables, cdc_heartbeat_topic
 from outbox.settings import KafkaSettings, kafka_settings
@@ -55,6 +56,8 @@ __all__ = ["Relay"]
 log = logging.getLogger("outbox.relay")
 
 _BACKLOG_EVERY_SECONDS = 2.0
+_UNBLOCK_EVERY_SECONDS = 15.0
+"""How often a relay that took over looks for hanging transactions on Connect's offsets topic."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class Relay:
         self._watch: CdcWatch | None = None
         self._backoff = settings.retry_backoff_seconds
         self._backlog_due = 0.0
+        self._unblock_due = 0.0
         self._leading = False
         for mode in RelayMode:
             self.metrics.mode.labels(mode.value).set(1 if mode is settings.mode else 0)
@@ -288,6 +292,7 @@ class Relay:
     # -- auto mode: one step at a time -------------------------------------------------------
 
     def _step_auto(self) -> bool:
+        self._unblock_connect()
         if not self._follow_cdc():
             self.liveness.state = "leader: catching up with CDC's records on Kafka"
             return False  # the watch is still catching up: too early to judge CDC
@@ -323,6 +328,36 @@ class Relay:
         if len(rows) < limit:
             self._step_back_if_cdc_streams()
         return len(rows) >= limit
+
+    def _unblock_connect(self) -> None:
+        """While the relay has taken over (CDC does not deliver), every
+        :data:`_UNBLOCK_EVERY_SECONDS`: abort the hanging transactions on Connect's offsets
+        topic, which hold a restarted exactly-once worker for ever (seen after the broker
+        and Connect were killed together: docs/troubleshooting.md)."""
+        topic = self.settings.connect_offsets_topic
+        if not topic or self.settings.mode is not RelayMode.AUTO:
+            return
+        if not self._handover.publishing:
+            return
+        now = time.monotonic()
+        if now < self._unblock_due:
+            return
+        self._unblock_due = now + _UNBLOCK_EVERY_SECONDS
+        from outbox_connect.open_transactions import unblock
+
+        try:
+            aborted, _left = unblock(
+                self._kafka, topic, idle_seconds=self.settings.connect_unblock_idle_seconds
+            )
+        except OutboxError as error:  # the broker down meanwhile: next time
+            log.info("Kafka Connect's offsets topic %s not checked: %s", topic, error)
+            return
+        for transaction in aborted:
+            self.metrics.connect_unblocked.inc()
+            log.warning(
+                "aborted a hanging transaction that held Kafka Connect: %s",
+                transaction.describe(),
+            )
 
     def _step_back_if_cdc_streams(self) -> None:
         """Drained (the last read was not full): step back once CDC streams again. Also when

@@ -54,6 +54,17 @@ class RelaySettings(BaseSettings):
     """Auto mode: the connector's heartbeat topic, proof that CDC streams again; unset: the
     one the connector writes (`<OUTBOX_CONNECT_TOPIC_PREFIX>.<schema>.<table>_heartbeat`).
     Set it only for a connector configured otherwise."""
+    connect_offsets_topic: str = Field(
+        default="outbox-connect-offsets", pattern=r"^([A-Za-z0-9._-]{1,249})?$"
+    )
+    """Auto mode: Kafka Connect's offsets topic (the workers' `offset.storage.topic`). While
+    the relay has taken over, it aborts the *hanging* transactions on it (no coordinator
+    counts them open, so Kafka never ends them; they hold an exactly-once worker at start-up,
+    so CDC never comes back), as `outbox connect unblock` does: nothing is lost, their
+    records and offsets were never committed. Empty: never (an operator runs `unblock`)."""
+    connect_unblock_idle_seconds: float = Field(default=60.0, ge=0, le=3600)
+    """Auto mode: how long a hanging transaction's producer must have been silent before the
+    relay aborts it (a margin for a coordinator that is just recording a new partition)."""
     leader_retry_seconds: float = Field(default=1.0, gt=0, le=60)
     """How often a standby replica tries to become leader."""
     lease_seconds: float = Field(default=10.0, ge=2, le=600)
