@@ -10,7 +10,7 @@ export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test test-unit lint bench stack-down clean
-.PHONY: test-broker chaos
+.PHONY: test-broker chaos cdc-recovery
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ test-broker: $(STAMP)
 ## `make test`). ARGS=--short: 3 to 4 minutes, as CI runs it; ARGS='--seed N' replays a run.
 chaos: $(STAMP)
 	$(BIN)/python -m chaos $(ARGS)
+
+## cdc-recovery: does CDC come back by itself after the broker and Connect are killed together,
+## or the broker paused? On a stack of its own, ARGS rounds (e.g. ARGS='--rounds 20 --pauses');
+## each failed round keeps its evidence under .stack/cdc-recovery/evidence/ (not in `make test`)
+cdc-recovery: $(STAMP)
+	$(BIN)/python -m chaos.cdc_recovery $(ARGS)
 
 ## lint: ruff and mypy --strict on the package code
 lint: $(STAMP)
