@@ -12,18 +12,20 @@ CDC delivers. Each round injects one fault:
   SIGCONT ("back" at once).
 
 Then a fresh probe event is committed, and CDC must bring it to its topic (read
-``read_committed``) within ``--bound`` seconds (120) of both being back: the round's recovery
-time. A round still waiting after ``--dump-after`` seconds (30) gets Connect's thread dumps,
-its REST answers, the slot and the transactions open on Connect's topics, into
-``<dir>/evidence/round-NN/``; one that misses the bound is a failure, and gets everything
-besides (the broker's thread dump, ``kafka-transactions.sh`` list/describe/find-hanging/
-describe-producers on Connect's topics, the groups, both logs since the round began). The
-evidence is taken in threads of its own: the round's clock runs on. A failed round waits on,
-up to ``--give-up`` seconds, to measure how long CDC takes by itself, and only then applies
-an operator's remedies (restart a failed task, ``outbox connect unblock``, restart Connect)
-so that the next rounds can run. Each round also reports how long each read of
-``outbox-connect-offsets`` to its end took (Connect's log) and any transaction left open
-there from before the fault.
+``read_committed``) within ``--bound`` seconds (120) of both being back: the round's
+recovery time. Evidence goes to ``<dir>/evidence/<time>-seed<seed>/round-NN/`` (kept across
+runs), taken in threads of its own (the round's clock runs on): a round still waiting after
+``--dump-after`` seconds (30) gets Connect's thread dumps, its REST answers, the slot and the
+transactions open on Connect's topics; one that misses the bound is a failure and gets
+everything besides (the broker's thread dump, ``kafka-transactions.sh`` list, describe,
+find-hanging and describe-producers on Connect's topics, the groups, both logs since the
+round began). A failed round waits on, up to ``--give-up`` seconds, to measure how long CDC
+takes by itself, and only then applies an operator's remedies (restart a failed task,
+``outbox connect unblock``, restart Connect) so that the next rounds can run. Each round
+also reports how long each read of ``outbox-connect-offsets`` to its end took (Connect's
+log), any transaction open there from before the fault, and any such transaction still
+holding the ``read_committed`` readers of the outbox's topics once CDC delivers again (also a
+failure).
 
 For reproducing and for trying a fix: ``--aim`` kills only once a transaction is seen open
 on the offsets topic (the window in which a kill holds the restarted worker); ``--down``
@@ -1108,13 +1110,12 @@ def run(options: Options) -> int:
             connector,
             writer,
             watch,
-            folder / "evidence",
+            folder / "evidence" / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{options.seed}",
             options.bound,
             options.give_up,
             options.dump_after,
             options.aim,
         )
-        shutil.rmtree(the_run.folder, ignore_errors=True)
         writer.start()
         watch.start()
         try:
