@@ -54,6 +54,8 @@ logger.raft.name = kafka.server.KafkaRaftServer
 logger.raft.level = info
 logger.broker.name = kafka.server.BrokerServer
 logger.broker.level = info
+logger.txn.name = kafka.coordinator.transaction
+logger.txn.level = info
 """
 
 
