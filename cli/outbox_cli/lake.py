@@ -217,19 +217,10 @@ def query(
 
 
 def cell_text(value: Any) -> str:
-    """A value as people read it: decimals without padding zeros, times in ISO 8601."""
-    from decimal import Decimal
+    """A value as people read it (:func:`outbox_lake.query.display_text`), NULL said."""
+    from outbox_lake.query import display_text
 
-    if value is None:
-        return "NULL"
-    if isinstance(value, Decimal):
-        text = format(value.normalize(), "f")
-        return text
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    return str(value)
+    return "NULL" if value is None else display_text(value)
 
 
 def render_answer(columns: list[str], rows: list[tuple[Any, ...]], output: str) -> str:

@@ -50,7 +50,12 @@ from outbox_lake.offsets import Partition
 from outbox_lake.progress import LakeProgress, advanced
 from outbox_lake.records import FALLBACK_SCHEMA, parse_batch
 from outbox_lake.settings import LakeSettings
-from outbox_lake.spark_contract import RAW_FIELDS, contract_columns, read_contract
+from outbox_lake.spark_contract import (
+    EVENT_FIELDS,
+    RAW_FIELDS,
+    contract_columns,
+    read_contract,
+)
 from outbox_lake.storage import open_table
 from outbox_lake.tables import EVENTS_TABLE, QUARANTINE_TABLE
 
@@ -365,24 +370,7 @@ class EventsSink:
         )
 
 
-_CACHED = (
-    "decided",
-    "event_id",
-    "aggregate_type",
-    "aggregate_id",
-    "event_type",
-    "payload",
-    "headers_text",
-    "traceparent",
-    "position",
-    "event_time",
-    "event_date",
-    "topic",
-    "partition",
-    "offset",
-    "key",
-    "fingerprint",
-)
+_CACHED = ("decided", *EVENT_FIELDS, "topic", "partition", "offset", "key", "fingerprint")
 """The read batch's columns kept in memory between its aggregate and its append."""
 
 _EVENT_SELECT = (

@@ -21,6 +21,7 @@ __all__ = [
     "Freshness",
     "TableInfo",
     "arrow_dataset",
+    "display_text",
     "freshness",
     "list_tables",
     "run_sql",
@@ -34,6 +35,20 @@ class TableInfo:
     rows: int
     version: int
     last_update: datetime | None
+
+
+def display_text(value: Any) -> str:
+    """A value of a lake row as people read it (never a Python repr): decimals without
+    padding zeros, times in ISO 8601, bytes as text with the rest escaped."""
+    from decimal import Decimal
+
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
 
 
 def _plain(kind: Any) -> Any:

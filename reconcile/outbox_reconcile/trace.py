@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -27,7 +26,7 @@ from outbox.core.kafka_record import KafkaRecord, undecodable
 from outbox.core.partition_end import Partition
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox_lake.names import typed_table_name
-from outbox_lake.query import arrow_dataset
+from outbox_lake.query import arrow_dataset, display_text
 from outbox_lake.settings import LakeSettings
 from outbox_lake.storage import open_table
 from outbox_lake.tables import EVENTS, QUARANTINE
@@ -101,20 +100,9 @@ class Lineage:
         return out
 
 
-def _text(value: Any) -> str:
-    """A value as people read it (never a Python repr)."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return format(value.normalize(), "f")
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    return str(value)
-
-
 def _fields(found: Mapping[str, Any]) -> str:
     """``name value, name value``: one place's facts on one line."""
-    return ", ".join(f"{name} {_text(value)}" for name, value in found.items())
+    return ", ".join(f"{name} {display_text(value)}" for name, value in found.items())
 
 
 def _rows_of(table: DeltaTable, event_id: str, day: Any, columns: list[str]) -> list[Any]:
