@@ -127,17 +127,13 @@ class DemoPipeline:
         itself when CDC stops. Waits until it answers its health check."""
         import urllib.error
         import urllib.request
-        from urllib.parse import quote
 
         relay = self.stack.relay
         relay.stop(timeout=30)  # one left by an interrupted demo
-        postgres = self.stack.postgres
-        tls = "&".join(f"{k}={quote(v, safe='/')}" for k, v in postgres.tls_parameters().items())
         env = {
             **os.environ,
-            "OUTBOX_DATABASE_URL": (
-                f"postgresql+psycopg://{RELAY_ROLE}:{quote(self.stack.relay_password(), safe='')}"
-                f"@127.0.0.1:{postgres.port}/{self.stack_settings.postgres_database}?{tls}"
+            "OUTBOX_DATABASE_URL": self.stack.postgres.url(
+                role=RELAY_ROLE, password=self.stack.relay_password()
             ),
             "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": self.stack.bootstrap_servers,
             "OUTBOX_RELAY_MODE": "auto",

@@ -128,12 +128,20 @@ class PostgresCluster:
 
     # --- addresses -------------------------------------------------------------------------
 
-    def url(self, database: str | None = None, *, driver: str = "postgresql+psycopg") -> str:
-        """SQLAlchemy URL of ``database`` (default: the stack's), with the password, verifying
-        the server's certificate (``?sslmode=verify-full&sslrootcert=<CA file>``)."""
+    def url(
+        self,
+        database: str | None = None,
+        *,
+        driver: str = "postgresql+psycopg",
+        role: str = SUPERUSER,
+        password: str | None = None,
+    ) -> str:
+        """SQLAlchemy URL of ``database`` (default: the stack's) for ``role`` (default: the
+        superuser, with its password), verifying the server's certificate
+        (``?sslmode=verify-full&sslrootcert=<CA file>``)."""
         name = database or self.settings.postgres_database
-        password = quote(self.password(), safe="")
-        return f"{driver}://{SUPERUSER}:{password}@127.0.0.1:{self.port}/{name}?{self._query()}"
+        secret = quote(self.password() if password is None else password, safe="")
+        return f"{driver}://{role}:{secret}@127.0.0.1:{self.port}/{name}?{self._query()}"
 
     def conninfo(self, database: str | None = None) -> str:
         """libpq connection string, for psycopg; it verifies the server's certificate."""
