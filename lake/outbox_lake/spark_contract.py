@@ -47,6 +47,7 @@ __all__ = [
     "contract_columns",
     "fingerprint",
     "read_contract",
+    "vouched_object",
 ]
 
 CONTRACT_HEADERS = (
@@ -92,7 +93,7 @@ def _vouched_json(text: str) -> str:
     )
 
 
-def _vouched_object(text: str) -> str:
+def vouched_object(text: str) -> str:
     """SQL: ``text`` is one JSON object, nothing after it."""
     return f"({_vouched_json(text)} AND json_object_keys({text}) IS NOT NULL)"
 
@@ -130,7 +131,7 @@ def _conditions() -> list[str]:
         f"{event_type} IS NOT NULL AND length({event_type}) > 0 AND is_valid_utf8({event_type})",
         f"({traceparent} IS NULL OR is_valid_utf8({traceparent}))",
         f"({extra} IS NULL OR length({extra}) = 0 OR (is_valid_utf8({extra})"
-        f" AND {_vouched_object(f'CAST({extra} AS string)')}))",
+        f" AND {vouched_object(f'CAST({extra} AS string)')}))",
         f"({position} IS NULL OR (regexp_like(CAST({position} AS string), '^[0-9]{{1,19}}$')"
         f" AND try_cast(CAST({position} AS string) AS bigint) IS NOT NULL))",
         "(key IS NULL OR is_valid_utf8(key))",

@@ -49,12 +49,14 @@ from outbox_lake.metrics import LakeMetrics
 from outbox_lake.names import typed_table_name
 from outbox_lake.records import TYPING_RECURSION_LIMIT, recursion_limit
 from outbox_lake.settings import LakeSettings
+from outbox_lake.spark_typing import JvmTyping, jvm_typing
 from outbox_lake.storage import open_table
 from outbox_lake.tables import QUARANTINE_TABLE, TYPED_BASE
 from outbox_lake.typed_rows import payload_columns, type_batch, typed_batch_schema, widens
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 __all__ = ["TypedSink", "decide_columns", "typed_through", "widen_to_decimal", "widened"]
 
@@ -447,15 +449,39 @@ class TypedSink:
                 rejected.add(typed.num_rows - typed.column("_reason").null_count)
                 yield typed
 
+        spark_schema = from_arrow_schema(schema)
+        jvm = jvm_typing(columns)
+        python_rows = rows if jvm is None else rows.where(~jvm.decided)
         frame = (
-            rows.withColumn("raw_key", f.encode("aggregate_id", "UTF-8"))
+            python_rows.withColumn("raw_key", f.encode("aggregate_id", "UTF-8"))
             .withColumn("raw_value", f.encode("payload", "UTF-8"))
-            .mapInArrow(typing, from_arrow_schema(schema))
-            .withColumn("_table", f.lit(name))
-            .persist()
+            .mapInArrow(typing, spark_schema)
         )
+        if jvm is not None:
+            frame = self._typed_in_jvm(rows.where(jvm.decided), jvm, spark_schema).unionByName(
+                frame
+            )
+        frame = frame.withColumn("_table", f.lit(name)).persist()
         self._rejected.append(rejected)
         return _Typed(frame, counted)
+
+    @staticmethod
+    def _typed_in_jvm(rows: DataFrame, jvm: JvmTyping, schema: StructType) -> DataFrame:
+        """The rows the JVM types (:mod:`outbox_lake.spark_typing`), in ``schema``: the
+        typed columns, and nothing set aside or pending."""
+        from pyspark.sql import functions as f
+
+        computed = jvm.values
+        return rows.select(
+            *(
+                computed[field.name]
+                if field.name in computed
+                else f.col(field.name).cast(field.dataType).alias(field.name)
+                if field.name in _TYPED_BASE_NAMES
+                else f.lit(None).cast(field.dataType).alias(field.name)
+                for field in schema.fields
+            )
+        )
 
     @staticmethod
     def _rows(typed: _Typed) -> DataFrame:
