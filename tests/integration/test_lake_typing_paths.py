@@ -32,9 +32,7 @@ value_texts = st.one_of(
     st.tuples(st.booleans(), _digits, _digits).map(
         lambda t: ("-" if t[0] else "") + t[1].lstrip("0").rjust(1, "0") + "." + t[2]
     ),
-    st.tuples(st.integers(-(10**6), 10**6), st.integers(-400, 400)).map(
-        lambda t: f"{t[0]}e{t[1]}"
-    ),
+    st.tuples(st.integers(-(10**6), 10**6), st.integers(-400, 400)).map(lambda t: f"{t[0]}e{t[1]}"),
     st.sampled_from(["10.00", "9.90", "0.10", "1234567890.000000000000000000000000000000"]),
     st.text(max_size=8).map(json.dumps),
     st.sampled_from(['"\\ud800"', '"a\\u0000b"']),
