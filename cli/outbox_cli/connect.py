@@ -69,7 +69,8 @@ def status() -> None:
     if hanging:
         typer.echo(
             "  a hanging transaction holds every exactly-once worker at start-up: abort it "
-            "with `outbox connect unblock` (loses nothing: it never committed)"
+            "with `outbox connect unblock` (loses nothing; each line above says whether it "
+            "re-delivers)"
         )
     if os.environ.get("OUTBOX_DATABASE_URL"):
         for line in _slot_report(settings.slot_name):
@@ -101,8 +102,9 @@ def unblock(
     """Abort the hanging transactions on Connect's offsets topic (OUTBOX_CONNECT_OFFSETS_TOPIC):
     those no transaction coordinator counts as open, which Kafka never ends by itself and
     which hold an exactly-once worker at start-up (it answers REST but starts no connector).
-    Loses nothing: their records and offsets were never committed, and the task resumes
-    from its last committed offsets. Transactions a coordinator still owns are left to it
+    Loses nothing: the task resumes from the last offsets its readers see committed; one its
+    coordinator recorded committed (the marker never came) is re-delivered, and each line
+    says so. Transactions a coordinator still owns are left to it
     (it aborts them after their timeout). Exit 1 if a hanging one remains."""
     from outbox_connect import ConnectorSettings
     from outbox_connect.open_transactions import unblock as unblock_topic

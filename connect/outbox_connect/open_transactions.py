@@ -12,9 +12,13 @@ aborts it. This module finds both kinds, through the partition leaders' producer
 the coordinators' own view, and aborts the hanging ones only: the coordinator of any other
 may still commit it, and an abort written beside it could hide records it commits.
 
-Aborting a hanging transaction loses nothing: its records and its source offsets were never
-committed, so no ``read_committed`` reader saw them, and the task starts again from its last
-committed offsets (Debezium re-reads the WAL from there).
+Aborting a hanging transaction loses nothing: the task starts again from the last source
+offsets its readers see committed, and Debezium re-reads the WAL from there. What it may do
+is re-deliver: a restarted broker's coordinator can record a transaction as committed
+(``CompleteCommit``) before its marker reached the offsets partition (a leader it could not
+find yet); aborting that one hides offsets whose records were delivered, so they are
+delivered again (duplicates, which the lake and an idempotent consumer drop). Each hanging
+transaction says which it is (:attr:`OpenTransaction.coordinator_outcome`).
 """
 
 from __future__ import annotations
@@ -66,6 +70,10 @@ class OpenTransaction:
     coordinator_state: str | None
     listed: bool = True
     """A coordinator lists the producer (in whatever state): it knows it."""
+    coordinator_outcome: str | None = None
+    """For a hanging one: the state its transactional id's coordinator is in now
+    (``CompleteCommit``: it committed, the marker never came; ``CompleteAbort``, ``Empty``,
+    a newer transaction's state, or None when no coordinator knows the producer)."""
 
     @property
     def hanging(self) -> bool:
@@ -78,10 +86,26 @@ class OpenTransaction:
         the producer."""
         return idle_seconds if self.listed else max(idle_seconds, UNLISTED_IDLE_SECONDS)
 
+    @property
+    def abort_redelivers(self) -> bool:
+        """Aborting it hides offsets of records already delivered: the task delivers them
+        again (duplicates downstream drop; nothing is lost)."""
+        return self.hanging and self.coordinator_outcome == "CompleteCommit"
+
+    def abort_effect(self) -> str:
+        """What aborting it does, in words."""
+        if self.abort_redelivers:
+            return (
+                "its coordinator recorded it committed, the marker never reached this "
+                "partition: aborting re-delivers its records (duplicates, which the lake and "
+                "idempotent consumers drop), loses nothing"
+            )
+        return "it never committed: aborting loses nothing and re-delivers nothing"
+
     def describe(self) -> str:
         owner = self.transactional_id or "a producer no coordinator knows"
         state = (
-            "hanging (no coordinator counts it open: Kafka never ends it)"
+            f"hanging (no coordinator counts it open: Kafka never ends it; {self.abort_effect()})"
             if self.hanging
             else f"its coordinator has it {self.coordinator_state} and ends it itself"
         )
@@ -142,15 +166,14 @@ def open_transactions(settings: KafkaSettings, topic: str) -> list[OpenTransacti
     for tp, producer in opened:
         names = sorted(ids.get(producer.producer_id, ()))
         coordinator_state = None
+        outcome = None
         for name in names:  # open if any coordinator has it open on this partition
             view = described.get(name)
-            if (
-                view is not None
-                and view.producer_id == producer.producer_id
-                and str(view.state.value) in _COORDINATOR_OPEN
-                and tp in view.topic_partitions
-            ):
-                coordinator_state = str(view.state.value)
+            if view is None or view.producer_id != producer.producer_id:
+                continue
+            outcome = str(view.state.value)
+            if outcome in _COORDINATOR_OPEN and tp in view.topic_partitions:
+                coordinator_state = outcome
         found.append(
             OpenTransaction(
                 topic=tp.topic,
@@ -163,6 +186,7 @@ def open_transactions(settings: KafkaSettings, topic: str) -> list[OpenTransacti
                 transactional_id=names[0] if names else None,
                 coordinator_state=coordinator_state,
                 listed=bool(names),
+                coordinator_outcome=None if coordinator_state else outcome,
             )
         )
     return sorted(found, key=lambda t: (t.partition, t.first_offset))

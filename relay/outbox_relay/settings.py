@@ -60,8 +60,9 @@ class RelaySettings(BaseSettings):
     """Auto mode: Kafka Connect's offsets topic (the workers' `offset.storage.topic`). While
     the relay has taken over, it aborts the *hanging* transactions on it (no coordinator
     counts them open, so Kafka never ends them; they hold an exactly-once worker at start-up,
-    so CDC never comes back), as `outbox connect unblock` does: nothing is lost, their
-    records and offsets were never committed. Empty: never (an operator runs `unblock`)."""
+    so CDC never comes back), as `outbox connect unblock` does: nothing is lost (one whose
+    coordinator recorded it committed is re-delivered: duplicates, which the lake and
+    idempotent consumers drop). Empty: never (an operator runs `unblock`)."""
     connect_unblock_idle_seconds: float = Field(default=60.0, ge=0, le=3600)
     """Auto mode: how long a hanging transaction's producer must have been silent before the
     relay aborts it (a margin for a coordinator that is just recording a new partition)."""
