@@ -119,6 +119,10 @@ def widened(existing: dict[str, str], columns: dict[str, str]) -> list[str]:
     return [name for name, kind in existing.items() if columns.get(name, kind) != kind]
 
 
+FIRST_RECORDS = 1000
+"""How many of a batch's first records decide a new typed table's columns (the later
+records' new fields are decided as for a table that exists: by the pending rows)."""
+
 WIDEN_ATTEMPTS = 3
 """A rewrite that meets a concurrent commit (a compaction by ``outbox lake maintain``) is
 tried again this many times in all, then the batch fails (the job stops; run again, it
@@ -350,10 +354,12 @@ class TypedSink:
         """Type one aggregate type's events on the executors and append the typed rows the
         table lacks; the typed frames (persisted; their ``_reason`` rows go to quarantine).
 
-        One Python pass in the common case: every row is typed against the table's columns;
-        a row whose payload brings a field the table lacks is marked pending, and only if
-        there are such rows are the new columns decided (the first record to bring a field
-        decides its kind) and those rows typed again, in a second commit."""
+        One pass in the common case: every row is typed against the table's columns (in the
+        JVM where it can be: :mod:`outbox_lake.spark_typing`); a row whose payload brings a
+        field the table lacks is marked pending, and only if there are such rows are the new
+        columns decided (the first record to bring a field decides its kind) and those rows
+        typed again, in a second commit. A new table is created first, with the columns of
+        the batch's first :data:`FIRST_RECORDS` records."""
         from pyspark.sql import functions as f
 
         name = typed_table_name(aggregate_type)
@@ -380,18 +386,28 @@ class TypedSink:
                     f.lit(name).alias("_table"),
                 ).persist()
             ]
+        if owner is None:
+            # A new table's columns, from the batch's first records (each field's kind is
+            # decided by the first record that brings it: one in these, or one marked pending
+            # below); the Python listing of fields stays bounded whatever the batch's size.
+            first_records = mine.orderBy("topic", "partition", "offset").limit(FIRST_RECORDS)
+            existing = decide_columns({}, new_fields(first_records))
+            create_table(
+                self.settings,
+                uri,
+                _typed_arrow_schema(typed_batch_schema(existing)),
+                by_day=True,
+                owner=aggregate_type,
+            )
         landed = self._landed(uri, part)
         if landed is not None:
             mine = mine.join(f.broadcast(spark.createDataFrame(landed)), "event_id", "left_anti")
-        typed_frames = []
-        pending = mine
-        if owner is not None:
-            first = self._typed(spark, mine, existing, name, pending=True)
-            typed_frames.append(first)
-            append(self._rows(first), uri, {"mergeSchema": "true"})
-            if not first.pending:  # counted on the executors while typing (the common case)
-                return [first.frame]
-            pending = first.frame.where("_pending").select("event_id").join(mine, "event_id")
+        first = self._typed(spark, mine, existing, name, pending=True)
+        typed_frames = [first]
+        append(self._rows(first), uri, {"mergeSchema": "true"})
+        if not first.pending:  # counted on the executors while typing (the common case)
+            return [first.frame]
+        pending = first.frame.where("_pending").select("event_id").join(mine, "event_id")
         columns = decide_columns(existing, new_fields(pending))
         widening = widened(existing, columns)
         if widening:
@@ -402,14 +418,6 @@ class TypedSink:
                 DECIMAL_TYPE,
             )
             widen_to_decimal(spark, uri, widening)
-        if owner is None:
-            create_table(
-                self.settings,
-                uri,
-                _typed_arrow_schema(typed_batch_schema(columns)),
-                by_day=True,
-                owner=aggregate_type,
-            )
         second = self._typed(spark, pending, columns, name, pending=False)
         typed_frames.append(second)
         append(self._rows(second), uri, {"mergeSchema": "true"})

@@ -172,3 +172,37 @@ def test_a_crash_between_the_widening_and_the_append_loses_no_row(
     assert len(landed) == 4 and {row["event_id"] for row in landed} == {*first, *second}
     assert sum(row["amount"] for row in landed) == Decimal("29.90")
     assert rows(root, "quarantine") == []
+
+
+def test_a_new_table_s_columns_come_from_each_field_s_first_record_past_the_first_ones(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    """A new typed table is created from its batch's first records; a field first brought
+    later in the same batch is added (and a column it widens, widened), in the order and
+    kind of the record that first brought it: as if every record had been read first."""
+    from outbox_lake.typed import FIRST_RECORDS
+
+    bootstrap = kafka_services.bootstrap_servers
+    late = f"n{uuid.uuid4().hex[:8]}late"
+    root = tmp_path / "lake"
+    env = lake_env(root, late, bootstrap)
+    payloads: list[dict[str, Any]] = [{"a": n} for n in range(FIRST_RECORDS + 200)]
+    payloads[0]["c"] = 1
+    payloads[FIRST_RECORDS + 100] |= {"b": "x", "c": Decimal("2.5")}
+    ids = [new_event_id() for _ in payloads]
+    records = [  # one key: one partition, the records' order is their offsets'
+        contract_record(late, encode_json(payload), event_id=event_id, aggregate_id="one")
+        for event_id, payload in zip(ids, payloads, strict=True)
+    ]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in records])
+    ingested(env)
+    table = typed_table_name(late)
+    fields = [f.name for f in DeltaTable(str(root / table)).schema().fields]
+    assert [name for name in fields if name in ("a", "b", "c")] == ["a", "c", "b"]
+    assert (kinds(root, table)["a"], kinds(root, table)["b"]) == ("long", "string")
+    assert kinds(root, table)["c"] == "decimal(38,18)"
+    typed = {row["event_id"]: row for row in rows(root, table)}
+    assert sorted(typed) == sorted(map(str, ids)), "a typed row lost or doubled"
+    assert typed[str(ids[0])]["c"] == Decimal(1)
+    assert (typed[str(ids[-100])]["b"], typed[str(ids[-100])]["c"]) == ("x", Decimal("2.5"))
+    assert rows(root, "quarantine") == []
