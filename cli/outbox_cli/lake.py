@@ -66,6 +66,11 @@ def ingest(
     server = _serve_metrics(settings, metrics)
     spark = spark_session(settings)
     started = time.monotonic()
+    done = threading.Event()
+    if available_now:  # a long catch-up says how far it has come
+        threading.Thread(
+            target=_report_progress, args=(metrics, started, done), daemon=True
+        ).start()
     try:
         Ingest(spark, settings, kafka, metrics).run(stop, available_now=available_now)
     except LakeStorageError:
@@ -78,12 +83,22 @@ def ingest(
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise fail(f"lake ingest stopped: {type(error).__name__}: {first}", error, code=1) from None
     finally:
+        done.set()
         if server is not None:
             server.shutdown()
         spark.stop()
     if received:
         log.info("lake ingest stopped on %s, between two batches", received[0])
     typer.secho(metrics.summary(time.monotonic() - started), err=True)
+
+
+PROGRESS_SECONDS = 15.0
+"""How often ``lake ingest --available-now`` says how far it has come."""
+
+
+def _report_progress(metrics: Any, started: float, done: threading.Event) -> None:
+    while not done.wait(PROGRESS_SECONDS):
+        typer.secho(metrics.progress(time.monotonic() - started), err=True)
 
 
 def _serve_metrics(settings: LakeSettings, metrics: Any) -> Any:

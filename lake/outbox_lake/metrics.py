@@ -103,6 +103,22 @@ class LakeMetrics:
             f"{seconds:,.1f} s ({events / max(seconds, 1e-9):,.0f} events/s)"
         )
 
+    def progress(self, seconds: float) -> str:
+        """One line of how far a running job has come (for long runs): batches and events
+        so far, and the records still behind on the broker when measured."""
+        events = int(self.registry.get_sample_value("outbox_lake_events_total") or 0)
+        behind = [
+            sample.value
+            for metric in self.lag.collect()
+            for sample in metric.samples
+            if sample.name == "outbox_lake_consumer_lag"
+        ]
+        left = f", {int(sum(behind)):,} records behind on Kafka" if behind else ""
+        return (
+            f"lake ingest: {self.completed_batches:,} batches, {events:,} events landed so "
+            f"far{left} ({seconds:,.0f} s)"
+        )
+
     def saw_events(self, newest_event_time: float) -> None:
         self.newest_event_time = max(self.newest_event_time, newest_event_time)
 

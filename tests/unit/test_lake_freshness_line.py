@@ -52,3 +52,18 @@ def test_the_ingest_summary_counts_what_the_job_did() -> None:
         "lake ingest: 3 batches, 75,000 events landed, 12 duplicates dropped, 3 rows set "
         "aside (1 conflicting copies), in 30.0 s (2,500 events/s)"
     )
+
+
+def test_a_long_catch_up_says_how_far_it_has_come() -> None:
+    from outbox_lake.metrics import LakeMetrics
+
+    metrics = LakeMetrics()
+    assert metrics.progress(4.2) == "lake ingest: 0 batches, 0 events landed so far (4 s)"
+    metrics.batch_done(2.0, None)
+    metrics.events.inc(50_000)
+    metrics.lag.labels("outbox.event.order", "0").set(20_000)
+    metrics.lag.labels("outbox.event.order", "1").set(5_000)
+    assert metrics.progress(31.0) == (
+        "lake ingest: 1 batches, 50,000 events landed so far, 25,000 records behind on "
+        "Kafka (31 s)"
+    )
