@@ -1,5 +1,10 @@
 """A small order service: each order and its events are written in one transaction.
 
+It is the demo's order service (``outbox demo`` runs it): its events, aggregate type ``order``
+on the rows of ``shop.orders``, are the data docs/analysts.md queries. The docs' examples
+publish types and use tables of their own, so they never mix with it. Running it again adds
+new orders (ids from ``shop.orders``' sequence, payment dedup keys from those ids).
+
 Run it against any database that has the outbox migrations applied::
 
     export OUTBOX_DATABASE_URL=postgresql+psycopg://...   # or: eval "$(outbox stack env)"

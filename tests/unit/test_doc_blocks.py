@@ -4,6 +4,7 @@ tests/integration/test_docs.py runs the programs and commands themselves."""
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from xml.etree import ElementTree
@@ -76,6 +77,70 @@ def test_an_excerpt_is_true_to_its_program_which_a_test_runs(block: Block) -> No
     assert not missing, (
         f"{block.where}: not in {program} (in this order): {missing[:3]}: copy the excerpt "
         "from the program (pieces apart with ... lines)"
+    )
+
+
+def aggregate_types(code: str) -> set[str]:
+    """The aggregate types a program writes as literals: the first argument (or
+    ``aggregate_type=``) of each ``Event(...)`` and ``ReceivedEvent(...)`` it calls."""
+    found = set()
+    for node in ast.walk(ast.parse(code)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        if name not in ("Event", "ReceivedEvent"):
+            continue
+        given = [k.value for k in node.keywords if k.arg == "aggregate_type"] + node.args[:1]
+        found |= {v.value for v in given if isinstance(v, ast.Constant)}
+    return {value for value in found if isinstance(value, str)}
+
+
+def test_aggregate_types_reads_positional_and_keyword_types() -> None:
+    code = (
+        "Event('a', '1', 'T', {})\n"
+        "outbox.Event(aggregate_type='b', aggregate_id='1', event_type='T', payload={})\n"
+        "ReceivedEvent(event_id=x, aggregate_type='c')\n"
+        "Event(kind, '1', 'T', {})\n"
+        "threading.Event()\n"
+    )
+    assert aggregate_types(code) == {"a", "b", "c"}
+
+
+EXAMPLES = sorted((ROOT / "examples" / "outbox_examples").glob("*.py"))
+DEMO_SERVICE = ROOT / "examples" / "outbox_examples" / "order_service.py"
+"""The demo runs it (outbox_stack.demo): its events are the demo's data."""
+PROGRAMS = [b for b in BLOCKS if b.kind == "python" and not b.is_excerpt]
+
+
+def demo_types() -> set[str]:
+    from outbox_stack.demo import ORDER_TYPE, WARM_UP_TYPE
+
+    return {ORDER_TYPE, WARM_UP_TYPE}
+
+
+def test_the_demo_publishes_what_its_order_service_publishes() -> None:
+    from outbox_stack.demo import ORDER_TYPE
+
+    assert aggregate_types(DEMO_SERVICE.read_text()) == {ORDER_TYPE}
+
+
+@pytest.mark.parametrize(
+    ("where", "code"),
+    [pytest.param(b.where, b.code, id=b.where) for b in PROGRAMS]
+    + [
+        pytest.param(str(path.relative_to(ROOT)), path.read_text(), id=path.name)
+        for path in EXAMPLES
+        if path != DEMO_SERVICE
+    ],
+)
+def test_no_example_writes_the_demos_aggregate_types(where: str, code: str) -> None:
+    """The analysts' queries (latest state per order, sums per customer) read the demo's
+    types: an example run beside the demo must not add rows to them. Each example has a
+    type of its own (and its own table, and new ids each run)."""
+    taken = aggregate_types(code) & demo_types()
+    assert not taken, (
+        f"{where} writes the demo's aggregate type(s) {sorted(taken)}: give it its own "
+        "(e.g. `docs_order`), as the other examples have"
     )
 
 
