@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from outbox_cli._common import fail, kafka_settings, load
+from outbox_cli._output import JSON_OPTION, print_json, print_rows, summary
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -119,23 +120,59 @@ def _bytes_text(data: bytes | None, keep: str = "") -> str:
 def list_command(
     consumer: str | None = typer.Option(None, "--consumer", help="Only this consumer's."),
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Print the dead letters: consumer, record, event id, attempts, when, size and why.
 
     The record is printed as TOPIC, its partition in brackets, @OFFSET: `show`, `replay`
-    and `discard` take it as TOPIC PARTITION OFFSET. The size is the value's."""
+    and `discard` take it as TOPIC PARTITION OFFSET. The size is the value's. With --json:
+    an array of objects, oldest first (topic, partition and offset apart; the key's size
+    too, and why a replay is refused, or null)."""
     from outbox.consumer_dead_letters import list_dead_letters
 
     with _database() as (engine, settings), engine.begin() as connection:
         letters = list_dead_letters(connection, consumer=consumer, limit=limit, settings=settings)
-    for letter in letters:
-        reason = _escaped(" ".join(letter.reason.split()))
-        typer.echo(
-            f"{letter.place.consumer}  {letter.place.record}  "
-            f"{letter.event_id or '(no event id)'}  attempts={letter.attempts}  "
-            f"{letter.failed_at.isoformat()}  {letter.value_bytes or 0} bytes  {reason}"
+    if as_json:
+        print_json([dead_letter_object(letter) for letter in letters])
+    else:
+        print_rows(DEAD_LETTER_COLUMNS, dead_letter_rows(letters), right=("attempts", "bytes"))
+    summary(f"{len(letters)} dead letter(s)")
+
+
+DEAD_LETTER_COLUMNS = ("consumer", "record", "event id", "attempts", "failed at", "bytes", "reason")
+
+
+def dead_letter_rows(letters: list[DeadLetterSummary]) -> list[tuple[object, ...]]:
+    """The table's rows: what a terminal would act on in the reason escaped (``\\x1b``)."""
+    return [
+        (
+            letter.place.consumer,
+            letter.place.record,
+            letter.event_id or "(no event id)",
+            letter.attempts,
+            letter.failed_at.isoformat(timespec="seconds"),
+            f"{letter.value_bytes or 0:,}",
+            _escaped(" ".join(letter.reason.split())),
         )
-    typer.echo(f"{len(letters)} dead letter(s)", err=True)
+        for letter in letters
+    ]
+
+
+def dead_letter_object(letter: DeadLetterSummary) -> dict[str, object]:
+    """One dead letter for ``--json``: every field as stored (the reason whole)."""
+    return {
+        "consumer": letter.place.consumer,
+        "topic": letter.place.topic,
+        "partition": letter.place.partition,
+        "offset": letter.place.offset,
+        "event_id": letter.event_id,
+        "attempts": letter.attempts,
+        "failed_at": letter.failed_at,
+        "key_bytes": letter.key_bytes,
+        "value_bytes": letter.value_bytes,
+        "reason": letter.reason,
+        "replay_refusal": letter.replay_refusal(),
+    }
 
 
 @dead_letters_app.command("show")

@@ -8,11 +8,17 @@ not: the consumer calls once more, with the same key, at its next start).
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+from outbox_cli._output import JSON_OPTION, print_json, print_rows, summary
 from outbox_cli.db import DATABASE_URL_FILE_OPTION, DATABASE_URL_OPTION, _database
+
+if TYPE_CHECKING:
+    from outbox.effect_decisions import ParkedStep
 
 app = typer.Typer(
     help="Calls to third parties cut short by a crash: list them, decide them.",
@@ -30,11 +36,12 @@ def list_command(
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
     database_url: str | None = DATABASE_URL_OPTION,
     database_url_file: Path | None = DATABASE_URL_FILE_OPTION,
+    as_json: bool = JSON_OPTION,
 ) -> None:
-    """Print the steps that need a decision: names, idempotency key, age, reason, context."""
-    from datetime import UTC, datetime
+    """Print the steps that need a decision: names, idempotency key, age, reason, context
+    (--json: an array of objects, oldest first)."""
+    from datetime import UTC
 
-    from outbox.core.payload import encode_parsed_json
     from outbox.effect_decisions import steps_needing_decision
 
     with _database(database_url, database_url_file) as (connection, settings):
@@ -42,15 +49,56 @@ def list_command(
             connection, consumer=consumer, limit=limit, settings=settings
         )
     now = datetime.now(UTC)
-    for step in steps:
-        waited = int((now - step.parked_at).total_seconds())
-        typer.echo(
-            f"{step.consumer}  {step.event_id}  {step.effect}  key={step.idempotency_key}  "
-            f"attempt={step.attempt}  parked {step.parked_at.isoformat()} ({waited} s ago)\n"
-            f"    context: {encode_parsed_json(step.context)[:500]}\n"
-            f"    reason: {step.reason}"
+    if as_json:
+        print_json([step_object(step, now) for step in steps])
+    else:
+        print_rows(STEP_COLUMNS, step_rows(steps, now), right=("attempt",))
+    summary(f"{len(steps)} step(s) need a decision")
+
+
+STEP_COLUMNS = ("consumer", "event id", "effect", "idempotency key", "attempt", "parked", "why")
+CONTEXT_SHOWN = 500
+"""Characters of a step's context the table shows (--json: all of it)."""
+
+
+def step_rows(steps: list[ParkedStep], now: datetime) -> list[tuple[object, ...]]:
+    """The table's rows; the last cell holds the reason and the context, on two lines."""
+    from outbox.core.payload import encode_parsed_json
+
+    return [
+        (
+            step.consumer,
+            step.event_id,
+            step.effect,
+            step.idempotency_key,
+            step.attempt,
+            f"{step.parked_at.isoformat(timespec='seconds')}\n"
+            f"({_seconds(now - step.parked_at):,} s ago)",
+            f"reason: {step.reason or '-'}\n"
+            f"context: {encode_parsed_json(step.context)[:CONTEXT_SHOWN]}",
         )
-    typer.echo(f"{len(steps)} step(s) need a decision", err=True)
+        for step in steps
+    ]
+
+
+def step_object(step: ParkedStep, now: datetime) -> dict[str, object]:
+    """One step for ``--json``: its context as the JSON it was stored as."""
+    return {
+        "consumer": step.consumer,
+        "event_id": step.event_id,
+        "effect": step.effect,
+        "idempotency_key": step.idempotency_key,
+        "attempt": step.attempt,
+        "started_at": step.started_at,
+        "parked_at": step.parked_at,
+        "waited_seconds": _seconds(now - step.parked_at),
+        "reason": step.reason,
+        "context": step.context,
+    }
+
+
+def _seconds(waited: timedelta) -> int:
+    return int(waited.total_seconds())
 
 
 @app.command("mark-done")

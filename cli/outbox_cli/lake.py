@@ -15,6 +15,14 @@ import typer
 
 from outbox.core.errors import ConfigurationError
 from outbox_cli._common import fail, kafka_settings, load
+from outbox_cli._output import (
+    JSON_OPTION,
+    WIDE,
+    output_width,
+    print_json,
+    print_rows,
+    table_text,
+)
 
 if TYPE_CHECKING:
     from outbox_lake.settings import LakeSettings
@@ -169,15 +177,60 @@ def existing_lake() -> LakeSettings:
 
 
 @app.command()
-def tables() -> None:
-    """List the lake's tables with row counts, versions and last update."""
+def tables(as_json: bool = JSON_OPTION) -> None:
+    """List the lake's tables with row counts, versions and last update; the last line says
+    how fresh the lake is, and how far behind Kafka (--json: both in one object)."""
     from outbox_lake.query import freshness, list_tables
 
     lake = existing_lake()
-    for table in list_tables(lake):
-        updated = table.last_update.isoformat(timespec="seconds") if table.last_update else "-"
-        typer.echo(f"{table.name:<40} {table.rows:>12,} rows  v{table.version:<6} {updated}")
-    typer.echo(freshness_line(freshness(lake, kafka_settings())))
+    listed = list_tables(lake)
+    found = freshness(lake, kafka_settings())
+    now = datetime.now().astimezone()
+    if as_json:
+        print_json(tables_object(listed, found, now))
+        return
+    print_rows(TABLE_COLUMNS, table_rows(listed), right=("rows", "version"))
+    typer.echo(freshness_line(found, now))
+
+
+TABLE_COLUMNS = ("table", "rows", "version", "last update")
+
+
+def table_rows(listed: list[Any]) -> list[tuple[object, ...]]:
+    """The lake's tables (:class:`outbox_lake.query.TableInfo`) as the table's rows."""
+    return [
+        (
+            table.name,
+            f"{table.rows:,}",
+            table.version,
+            table.last_update.isoformat(timespec="seconds") if table.last_update else None,
+        )
+        for table in listed
+    ]
+
+
+def tables_object(listed: list[Any], found: Any, now: datetime) -> dict[str, object]:
+    """``lake tables --json``: the tables, and the freshness (the line as text too)."""
+    return {
+        "tables": [
+            {
+                "name": table.name,
+                "rows": table.rows,
+                "version": table.version,
+                "last_update": table.last_update,
+            }
+            for table in listed
+        ],
+        "freshness": {
+            "last_commit": found.last_commit,
+            "newest_event": found.newest_event,
+            "behind": found.behind,
+            "partitions_behind": found.partitions_behind,
+            "unknown_reason": found.unknown_reason,
+            "checked_at": now,
+            "line": freshness_line(found, now),
+        },
+    }
 
 
 def freshness_line(found: Any, now: datetime | None = None) -> str:
@@ -228,7 +281,7 @@ def query(
         columns, rows = run_sql(existing_lake(), sql)
     except duckdb.Error as error:
         raise fail(f"query error: {error}", error) from None
-    typer.echo(render_answer(columns, rows, output), nl=False)
+    typer.echo(render_answer(columns, rows, output, output_width()), nl=False)
 
 
 def cell_text(value: Any) -> str:
@@ -238,8 +291,11 @@ def cell_text(value: Any) -> str:
     return "NULL" if value is None else display_text(value)
 
 
-def render_answer(columns: list[str], rows: list[tuple[Any, ...]], output: str) -> str:
-    """The answer of a query as ``table``, ``csv`` or ``json`` text."""
+def render_answer(
+    columns: list[str], rows: list[tuple[Any, ...]], output: str, width: int = WIDE
+) -> str:
+    """The answer of a query as ``table`` (``width`` columns wide), ``csv`` or ``json``
+    text."""
     import csv
     import io
     import json
@@ -260,15 +316,8 @@ def render_answer(columns: list[str], rows: list[tuple[Any, ...]], output: str) 
         for row in rows:
             writer.writerow("" if value is None else cell_text(value) for value in row)
         return buffer.getvalue()
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*columns, caption=f"{len(rows):,} rows")
-    for row in rows:
-        table.add_row(*(cell_text(value) for value in row))
-    buffer = io.StringIO()
-    Console(file=buffer, width=200, highlight=False).print(table)
-    return buffer.getvalue()
+    cells = ([cell_text(value) for value in row] for row in rows)
+    return table_text(columns, cells, caption=f"{len(rows):,} rows", width=width)
 
 
 @app.command()

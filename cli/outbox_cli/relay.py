@@ -6,10 +6,15 @@ import signal
 import threading
 import uuid
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import typer
 
 from outbox_cli._common import kafka_settings, load
+from outbox_cli._output import JSON_OPTION, print_json, print_rows, summary
+
+if TYPE_CHECKING:
+    from outbox_relay.dead_letters import DeadLetter
 
 app = typer.Typer(help="The polling relay: outbox rows to Kafka without CDC.", no_args_is_help=True)
 dead_letters_app = typer.Typer(
@@ -110,19 +115,49 @@ def health(
 @dead_letters_app.command("list")
 def list_command(
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
-    """Print the dead letters: event id, aggregate, type, size, when and why."""
+    """Print the dead letters: event id, aggregate, type, size, when and why (--json: an
+    array of objects, oldest first)."""
     from outbox.settings import DatabaseSettings, OutboxSettings
     from outbox_relay.dead_letters import list_dead_letters
 
     database_url = load(DatabaseSettings).database_url.get_secret_value()
     letters = list_dead_letters(database_url, load(OutboxSettings).tables, limit)
-    for letter in letters:
-        typer.echo(
-            f"{letter.id}  {letter.aggregate_type}/{letter.aggregate_id}  {letter.event_type}  "
-            f"{letter.payload_bytes} bytes  {letter.failed_at.isoformat()}  {letter.reason}"
+    if as_json:
+        print_json([dead_letter_object(letter) for letter in letters])
+    else:
+        print_rows(DEAD_LETTER_COLUMNS, dead_letter_rows(letters), right=("bytes",))
+    summary(f"{len(letters)} dead letter(s)")
+
+
+DEAD_LETTER_COLUMNS = ("event id", "aggregate", "event type", "bytes", "failed at", "reason")
+
+
+def dead_letter_rows(letters: list[DeadLetter]) -> list[tuple[object, ...]]:
+    return [
+        (
+            letter.id,
+            f"{letter.aggregate_type}/{letter.aggregate_id}",
+            letter.event_type,
+            f"{letter.payload_bytes:,}",
+            letter.failed_at.isoformat(timespec="seconds"),
+            " ".join(letter.reason.split()),
         )
-    typer.echo(f"{len(letters)} dead letter(s)", err=True)
+        for letter in letters
+    ]
+
+
+def dead_letter_object(letter: DeadLetter) -> dict[str, object]:
+    return {
+        "event_id": letter.id,
+        "aggregate_type": letter.aggregate_type,
+        "aggregate_id": letter.aggregate_id,
+        "event_type": letter.event_type,
+        "payload_bytes": letter.payload_bytes,
+        "failed_at": letter.failed_at,
+        "reason": letter.reason,
+    }
 
 
 EVENT_IDS_ARGUMENT = typer.Argument(None, help="Event ids; none: use --all.")

@@ -3,11 +3,13 @@ OUTBOX_STACK_OBJECT_STORE=true an S3-compatible store for the lake)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from outbox_cli._common import configure_logging, load
+from outbox_cli._output import JSON_OPTION, print_json, print_rows
 
 if TYPE_CHECKING:
     from outbox_stack.local import LocalStack, ServiceLine
@@ -39,14 +41,53 @@ def _where_from(settings: StackSettings) -> str:
     return " (the stack last started; OUTBOX_STACK_DIR points elsewhere)"
 
 
+SERVICE_COLUMNS = ("service", "state", "pid", "address", "files")
+
+
+def service_rows(lines: list[ServiceLine]) -> list[tuple[object, ...]]:
+    """The table's rows: each service's log, and its data folder if it has one, in one cell."""
+    return [
+        (
+            line.name,
+            "running" if line.running else "stopped",
+            line.pid,
+            line.address,
+            f"log  {line.log}" + (f"\ndata {line.data}" if line.data else ""),
+        )
+        for line in lines
+    ]
+
+
+def services_summary(lines: list[ServiceLine]) -> str:
+    """One line: how many services run, and which do not."""
+    stopped = [line.name for line in lines if not line.running]
+    line = f"{len(lines) - len(stopped)} of {len(lines)} services running"
+    return f"{line}; stopped: {', '.join(stopped)}" if stopped else line
+
+
+def status_object(lines: list[ServiceLine], folder: Path, found: str) -> dict[str, object]:
+    """``stack status --json``: the folder, how it was found, and each service."""
+    return {
+        "folder": folder,
+        "found": found,
+        "running": all(line.running for line in lines),
+        "services": [
+            {
+                "name": line.name,
+                "running": line.running,
+                "pid": line.pid,
+                "address": line.address,
+                "log": line.log,
+                "data": line.data,
+            }
+            for line in lines
+        ],
+    }
+
+
 def _print(lines: list[ServiceLine]) -> None:
-    for line in lines:
-        state = "running" if line.running else "stopped"
-        pid = f"  (pid {line.pid})" if line.pid else ""
-        typer.echo(f"{line.name:<9} {state:<8} {line.address}{pid}")
-        typer.echo(f"{'':<9} {'log':<8} {line.log}")
-        if line.data:
-            typer.echo(f"{'':<9} {'data':<8} {line.data}")
+    print_rows(SERVICE_COLUMNS, service_rows(lines), right=("pid",))
+    typer.echo(services_summary(lines))
 
 
 @app.command()
@@ -76,12 +117,17 @@ def down() -> None:
 
 
 @app.command()
-def status() -> None:
-    """Show each service, where it listens, and its log. Exit 1 if one is down."""
+def status(as_json: bool = JSON_OPTION) -> None:
+    """Show each service, where it listens, its log and data folder (--json: one object).
+    Exit 1 if one is down."""
     stack = _stack()
     lines = stack.status()
-    typer.echo(f"stack folder {stack.settings.root}{_where_from(stack.settings)}")
-    _print(lines)
+    found = _where_from(stack.settings)
+    if as_json:
+        print_json(status_object(lines, stack.settings.root, found.strip(" ()")))
+    else:
+        typer.echo(f"stack folder {stack.settings.root}{found}")
+        _print(lines)
     if not all(line.running for line in lines):
         raise typer.Exit(1)
 

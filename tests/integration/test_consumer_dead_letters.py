@@ -7,6 +7,7 @@ discards only its own consumer names' dead letters."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
 from typing import Any
@@ -104,18 +105,24 @@ def test_list_show_replay_and_discard_a_consumers_dead_letters(relay_bench: Rela
         )
         assert shipping.stats.applied == 2
 
-        listed = run_outbox("consumer", "dead-letters", "list", "--consumer", "shipping", env=env)
+        listed = run_outbox(
+            "consumer", "dead-letters", "list", "--consumer", "shipping", "--json", env=env
+        )
         assert listed.returncode == 0, listed.stderr
-        lines = listed.stdout.splitlines()
-        assert len(lines) == 2 and "2 dead letter(s)" in listed.stderr
-        first = next(line for line in lines if str(events[1].event_id) in line)
-        assert first.startswith(f"shipping  {failing.place}  {events[1].event_id}  attempts=2  ")
-        assert first.endswith("RuntimeError: the handler cannot take n=1 yet")
-        assert f"{len(failing.value or b'')} bytes" in first
-        raw = next(line for line in lines if "(no event id)" in line)
-        assert f"{topic}[0]@3" in raw and "not an outbox record" in raw
-        every = run_outbox("consumer", "dead-letters", "list", env=env)
-        assert len(every.stdout.splitlines()) == 3  # billing's dead letter of the raw record
+        letters = json.loads(listed.stdout)
+        assert len(letters) == 2 and "2 dead letter(s)" in listed.stderr
+        first = next(one for one in letters if one["event_id"] == str(events[1].event_id))
+        where = [first["topic"], str(first["partition"]), str(first["offset"])]
+        assert first["consumer"] == "shipping" and where == place_of(failing)
+        assert first["attempts"] == 2 and first["value_bytes"] == len(failing.value or b"")
+        assert first["reason"].endswith("RuntimeError: the handler cannot take n=1 yet")
+        raw = next(one for one in letters if one["event_id"] is None)
+        assert (raw["topic"], raw["partition"], raw["offset"]) == (topic, 0, 3)
+        assert "not an outbox record" in raw["reason"]
+        shown = run_outbox("consumer", "dead-letters", "list", "--consumer", "shipping", env=env)
+        assert shown.returncode == 0 and str(events[1].event_id) in shown.stdout  # a table
+        every = run_outbox("consumer", "dead-letters", "list", "--json", env=env)
+        assert len(json.loads(every.stdout)) == 3  # billing's dead letter of the raw record
 
         shown = run_outbox(
             "consumer", "dead-letters", "show", "shipping", *place_of(failing), env=env
@@ -195,8 +202,8 @@ def test_list_show_replay_and_discard_a_consumers_dead_letters(relay_bench: Rela
     nothing = run_outbox("consumer", "dead-letters", "replay", "shipping", "--all", env=env)
     assert nothing.returncode == 0 and "0 dead letter(s) replayed" in nothing.stdout
     # billing's own dead letter was not touched by anything done to shipping's.
-    left = run_outbox("consumer", "dead-letters", "list", env=env)
-    assert [line.split("  ")[0] for line in left.stdout.splitlines()] == ["billing"]
+    left = run_outbox("consumer", "dead-letters", "list", "--json", env=env)
+    assert [letter["consumer"] for letter in json.loads(left.stdout)] == ["billing"]
 
 
 def _role(database: ScratchDatabase, consumer_name: str) -> tuple[str, str]:
@@ -260,13 +267,13 @@ def test_a_consumer_role_sees_replays_and_discards_only_its_own_dead_letters(
         "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": relay_bench.kafka.bootstrap_servers,
     }
     try:
-        listed = run_outbox("consumer", "dead-letters", "list", env=env)
+        listed = run_outbox("consumer", "dead-letters", "list", "--json", env=env)
         assert listed.returncode == 0, listed.stderr
-        assert [line.split("  ")[:2] for line in listed.stdout.splitlines()] == [
-            ["mine-x", f"{topic}[0]@1"],
-            ["mine-x", f"{topic}[0]@0"],
-            ["mine-x", f"{topic}[0]@2"],
-        ]  # oldest first
+        assert [
+            (letter["consumer"], letter["topic"], letter["partition"], letter["offset"])
+            for letter in json.loads(listed.stdout)
+        ] == [("mine-x", topic, 0, 1), ("mine-x", topic, 0, 0), ("mine-x", topic, 0, 2)]
+        # oldest first
         hidden = run_outbox(
             "consumer", "dead-letters", "show", "theirs-x", topic, "0", "0", env=env
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -75,12 +76,17 @@ def test_demo_runs_the_whole_pipeline_and_reports_from_the_lake() -> None:
         # The lake job keeps running as a service of the stack: status shows it, and it
         # lands what is published after the demo.
         assert _lake_jobs_of(folder), "the demo left its lake job running"
-        shown = run_outbox("stack", "status", env=env, timeout=60)
-        lake_line = re.search(r"^lake\s+(\w+)\s+ingest job into (\S+)", shown.stdout, re.M)
-        assert lake_line is not None, shown.stdout
-        assert lake_line.groups() == ("running", str(folder / "lake")), shown.stdout
-        relay_line = re.search(r"^relay\s+(\w+)\s+auto mode", shown.stdout, re.M)
-        assert relay_line is not None and relay_line.group(1) == "running", shown.stdout
+        shown = run_outbox("stack", "status", "--json", env=env, timeout=60)
+        services = {service["name"]: service for service in json.loads(shown.stdout)["services"]}
+        lake = services["lake"]
+        assert lake["running"] and lake["address"].split()[:4] == [
+            "ingest",
+            "job",
+            "into",
+            str(folder / "lake"),
+        ], shown.stdout
+        assert services["relay"]["running"], shown.stdout
+        assert services["relay"]["address"].startswith("auto mode"), shown.stdout
         listed = run_outbox("lake", "tables", env=env, timeout=60)
         assert listed.returncode == 0, listed.stderr
         assert "freshness: last commit" in listed.stdout, listed.stdout

@@ -197,10 +197,10 @@ def resolve_as_an_operator(
 ) -> None:
     """List the parked charges (CLI), ask the provider about each key, decide (CLI)."""
     env = {"OUTBOX_DATABASE_URL": bench.database.url}
-    listed = run_outbox("effects", "list", env=env)
+    listed = run_outbox("effects", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
-    for n in parked:
-        assert events[n] in listed.stdout and key[n] in listed.stdout
+    steps = {(step["event_id"], step["idempotency_key"]) for step in json.loads(listed.stdout)}
+    assert steps == {(events[n], key[n]) for n in parked}
     assert "2 step(s) need a decision" in listed.stderr
     for n in parked:
         found = bench.provider.find(key[n])

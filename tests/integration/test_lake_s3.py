@@ -139,14 +139,17 @@ def test_a_job_killed_mid_batch_on_s3_loses_and_duplicates_nothing_and_every_rea
     progress = latest_progress(events)  # in the events table's own commits
     assert progress and all(p.end_offset > 0 for p in progress.partitions.values())
 
-    listed = run_outbox("lake", "tables", env=env)
+    listed = run_outbox("lake", "tables", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
-    *tables, freshness = listed.stdout.splitlines()
-    assert freshness.startswith("freshness: last commit "), listed.stdout
-    names = [line.split()[0] for line in tables]
+    found = json.loads(listed.stdout)
+    assert found["freshness"]["line"].startswith("freshness: last commit "), listed.stdout
+    names = [table["name"] for table in found["tables"]]
     assert names == [f"aggregate_{t}" for t in (tick, order, payment)] + ["events", "quarantine"], (
         names
     )
+    shown = run_outbox("lake", "tables", env=env)  # for people: a table, then the freshness
+    assert all(name in shown.stdout for name in names), shown.stdout
+    assert shown.stdout.splitlines()[-1].startswith("freshness: last commit "), shown.stdout
     answer = run_outbox("lake", "query", "--format", "csv", "SELECT count(*) FROM events", env=env)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.splitlines()[1] == str(len(committed)), answer.stdout

@@ -120,10 +120,13 @@ def test_a_poison_record_goes_to_the_dead_letters_and_the_rest_goes_on(
         assert sample(relay, "outbox_relay_dead_lettered_total") == 1
     assert sorted(ids_of(records)) == sorted([events[0].event_id, events[2].event_id])
     env = {"OUTBOX_DATABASE_URL": relay_bench.database.url}
-    listed = run_outbox("relay", "dead-letters", "list", env=env)
+    listed = run_outbox("relay", "dead-letters", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert str(events[1].event_id) in listed.stdout
-    assert "MessageSizeTooLarge" in listed.stdout
+    (letter,) = json.loads(listed.stdout)
+    assert letter["event_id"] == str(events[1].event_id)
+    assert "MessageSizeTooLarge" in letter["reason"]
+    shown = run_outbox("relay", "dead-letters", "list", env=env)
+    assert str(events[1].event_id) in shown.stdout and "1 dead letter(s)" in shown.stderr
     # Fixed (a larger limit), replayed: published with its original id.
     retried = run_outbox("relay", "dead-letters", "retry", str(events[1].event_id), env=env)
     assert retried.returncode == 0, retried.stderr

@@ -4,6 +4,7 @@ exports it live."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -55,21 +56,29 @@ def test_auto_mode_without_the_publication_stops_the_relay(relay_bench: RelayBen
 
 def test_connect_status_reports_the_slot_and_its_wal_bound(cdc: CdcPath) -> None:
     connector = cdc.connector
-    result = run_outbox(
-        "connect",
-        "status",
-        env={
-            "OUTBOX_CONNECT_URL": connector.url,
-            "OUTBOX_CONNECT_NAME": connector.name,
-            "OUTBOX_CONNECT_SLOT_NAME": connector.slot_name,
-            "OUTBOX_DATABASE_URL": cdc.database.url,
-        },
-    )
+    env = {
+        "OUTBOX_CONNECT_URL": connector.url,
+        "OUTBOX_CONNECT_NAME": connector.name,
+        "OUTBOX_CONNECT_SLOT_NAME": connector.slot_name,
+        "OUTBOX_DATABASE_URL": cdc.database.url,
+    }
+    result = run_outbox("connect", "status", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"slot {connector.slot_name}: active" in result.stdout
     assert "wal_status reserved" in result.stdout
     assert "max_slot_wal_keep_size: unlimited" in result.stdout
     assert "ALTER SYSTEM SET max_slot_wal_keep_size" in result.stdout
+    as_json = run_outbox("connect", "status", "--json", env=env)
+    assert as_json.returncode == 0, as_json.stdout + as_json.stderr
+    found = json.loads(as_json.stdout)
+    assert found["ok"] and found["connector"]["state"] == "RUNNING"
+    slot = found["slot"]
+    assert (slot["name"], slot["state"], slot["wal_status"]) == (
+        connector.slot_name,
+        "active",
+        "reserved",
+    )
+    assert slot["unbounded"] and "ALTER SYSTEM SET max_slot_wal_keep_size" in slot["advice"]
 
 
 def test_relay_roles_granted_before_the_lease_may_lead_after_the_upgrade(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
-import re
 import shlex
 import shutil
 import subprocess
@@ -12,6 +12,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -66,10 +67,12 @@ def test_a_stack_folder_closed_to_other_users_works(closed_by: str) -> None:
         shown = run_outbox(
             "stack",
             "status",
+            "--json",
             env={"OUTBOX_STACK_DIR": str(settings.dir), **ports_env(settings)},
             timeout=60,
         )
-        assert f"data     {status.data_dir}" in shown.stdout, shown.stdout
+        services = {service["name"]: service for service in json.loads(shown.stdout)["services"]}
+        assert services["postgres"]["data"] == str(status.data_dir), shown.stdout
     finally:
         cluster.destroy()
         shutil.rmtree(closed, ignore_errors=True)
@@ -180,6 +183,10 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
     def outbox(*args: str) -> subprocess.CompletedProcess[str]:
         return run_outbox("stack", *args, env=env, timeout=240)
 
+    def services() -> dict[str, dict[str, Any]]:
+        shown = outbox("status", "--json")
+        return {service["name"]: service for service in json.loads(shown.stdout)["services"]}
+
     def after_eval(command: str) -> subprocess.CompletedProcess[str]:
         cli = f"{shlex.quote(sys.executable)} -m outbox_cli.main stack"
         return subprocess.run(
@@ -196,20 +203,25 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         assert outbox("status").returncode == 1
         started = outbox("up")
         assert started.returncode == 0, started.stderr
-        for address in (
-            f"127.0.0.1:{settings.postgres_port}",
-            f"kafka://127.0.0.1:{settings.broker_port} (Apache Kafka 4.3.0, KRaft",
-            f"http://127.0.0.1:{settings.connect_port}",
+        assert "3 of 3 services running" in started.stdout, started.stdout
+        first = services()
+        for name, address in (
+            ("postgres", f"127.0.0.1:{settings.postgres_port}"),
+            ("broker", f"kafka://127.0.0.1:{settings.broker_port} (Apache Kafka 4.3.0, KRaft"),
+            ("connect", f"http://127.0.0.1:{settings.connect_port}"),
         ):
-            assert address in started.stdout
+            assert address in first[name]["address"], first
         assert own_cluster.password() not in started.stdout, "the password is never printed"
         again = outbox("up")
         assert again.returncode == 0
-        assert [line.pid for line in stack.status()] == [
-            int(pid) for pid in re.findall(r"\(pid (\d+)\)", again.stdout)
-        ], "a second `up` starts nothing"
+        assert (
+            [line.pid for line in stack.status()]
+            == [service["pid"] for service in services().values()]
+            == [service["pid"] for service in first.values()]
+        ), "a second `up` starts nothing"
         status = outbox("status")
-        assert status.returncode == 0 and status.stdout.count("running") == 3
+        assert status.returncode == 0 and "3 of 3 services running" in status.stdout
+        assert all(service["running"] for service in services().values())
         exported = outbox("env").stdout
         assert exported.startswith("export OUTBOX_DATABASE_URL=")
         assert own_cluster.password() in exported
@@ -218,7 +230,8 @@ def test_cli_stack_commands(own_cluster: PostgresCluster) -> None:
         logs = outbox("logs", "--lines", "2000").stdout
         assert "==> connect <==" in logs and "Kafka Connect started" in logs
         assert "==> broker <==" in logs and "Kafka Server started" in logs
-        assert str(stack.own_broker.data_dir) in status.stdout, "status names its data folder"
+        assert services()["broker"]["data"] == str(stack.own_broker.data_dir), "its data folder"
+        assert str(stack.own_broker.data_dir) in status.stdout, "the table names it too"
         topic = f"survives-{uuid.uuid4().hex[:8]}"
         producer = KafkaProducer(bootstrap_servers=stack.bootstrap_servers, acks="all")
         producer.send(topic, b"kept").get(timeout=30)
@@ -310,7 +323,21 @@ def test_commands_find_the_stack_last_started_from_any_folder(tmp_path: Path) ->
             "stack", "status", env=ports, cwd=elsewhere, unset=("OUTBOX_STACK_DIR",), timeout=60
         )
         assert f"stack folder {settings.root} (the stack last started" in shown.stdout
-        assert "postgres  running" in shown.stdout, shown.stdout
+        found = json.loads(
+            run_outbox(
+                "stack",
+                "status",
+                "--json",
+                env=ports,
+                cwd=elsewhere,
+                unset=("OUTBOX_STACK_DIR",),
+                timeout=60,
+            ).stdout
+        )
+        assert found["folder"] == str(settings.root)
+        assert found["found"].startswith("the stack last started"), found
+        postgres = next(service for service in found["services"] if service["name"] == "postgres")
+        assert postgres["running"], found
         exported = run_outbox(
             "stack", "env", env=ports, cwd=elsewhere, unset=("OUTBOX_STACK_DIR",), timeout=60
         )
