@@ -182,10 +182,10 @@ class EventsSink:
         started = time.monotonic()
         self.timings: dict[str, float] = {}
         with self._timed("plan"):
-            contract = frame  # the query reads the contract (read_contract) already
-            # only what the append needs is cached; the raw bytes of records the JVM did
-            # not decide are read again from Kafka (rare)
-            read = contract.select(*_CACHED).persist()
+            # ``frame`` has the contract's columns (the query reads it: read_contract); only
+            # what the append needs is cached; the raw bytes of records the JVM did not
+            # decide are read again from Kafka (rare)
+            read = frame.select(*_CACHED).persist()
         try:
             with self._timed("shape"):
                 shape = batch_shape(read)
@@ -193,7 +193,7 @@ class EventsSink:
                 return
             with self._timed("check"):
                 topic_ids = self.check(shape, self.known())
-            counts = self._write(frame.sparkSession, read, contract, shape, topic_ids)
+            counts = self._write(frame.sparkSession, read, frame, shape, topic_ids)
         finally:
             with self._timed("unpersist"):
                 read.unpersist()

@@ -47,6 +47,7 @@ __all__ = [
     "contract_columns",
     "fingerprint",
     "read_contract",
+    "sql_text",
     "vouched_object",
 ]
 
@@ -81,7 +82,8 @@ _YEAR_10000_MS = 253_402_300_800_000
 """Python's datetime ends with the year 9999: a later UUIDv7 time is left to Python."""
 
 
-def _sql_text(value: str) -> str:
+def sql_text(value: str) -> str:
+    """``value`` as a Spark SQL string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -119,14 +121,14 @@ def _header(index: int) -> str:
 def _conditions() -> list[str]:
     """What a record must be for the JVM to decide it (each a SQL boolean)."""
     names = " AND ".join(
-        f"get(headers, {i}).key = {_sql_text(name)}" for i, name in enumerate(CONTRACT_HEADERS)
+        f"get(headers, {i}).key = {sql_text(name)}" for i, name in enumerate(CONTRACT_HEADERS)
     )
     event_id, event_type, traceparent, extra, position = (_header(i) for i in range(5))
     return [
-        f"startswith(topic, {_sql_text(TOPIC_PREFIX)})",
+        f"startswith(topic, {sql_text(TOPIC_PREFIX)})",
         f"size(headers) = {len(CONTRACT_HEADERS)}",
         names,
-        f"{event_id} IS NOT NULL AND regexp_like(CAST({event_id} AS string), {_sql_text(_UUID7)})",
+        f"{event_id} IS NOT NULL AND regexp_like(CAST({event_id} AS string), {sql_text(_UUID7)})",
         f"{_millis(event_id)} < {_YEAR_10000_MS}",
         f"{event_type} IS NOT NULL AND length({event_type}) > 0 AND is_valid_utf8({event_type})",
         f"({traceparent} IS NULL OR is_valid_utf8({traceparent}))",

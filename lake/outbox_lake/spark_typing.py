@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from outbox.core.lake_contract import column_name_problem
-from outbox_lake.spark_contract import vouched_object
+from outbox_lake.spark_contract import sql_text, vouched_object
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -64,14 +64,10 @@ def variant_path(name: str) -> str | None:
     return None
 
 
-def _sql_text(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _fits(kind: str, column: str, value: str) -> str | None:
+def _fits(kind: str, column: str, value: str) -> str:
     """SQL: the value ``value`` (a variant), whose ``schema_of_variant`` is ``kind``, is
-    decided here for a column of kind ``column``; None: no value is."""
-    integer = f"{kind} IN ({', '.join(_sql_text(k) for k in _INTEGER)})"
+    decided here for a column of kind ``column`` (one of :data:`_VALUE_TYPES`)."""
+    integer = f"{kind} IN ({', '.join(sql_text(k) for k in _INTEGER)})"
     if column == "boolean":
         return f"{kind} = 'BOOLEAN'"
     if column == "long":
@@ -84,16 +80,14 @@ def _fits(kind: str, column: str, value: str) -> str | None:
             f"({integer} OR ({kind} = 'DOUBLE' AND NOT isnan({number})"
             f" AND abs({number}) < double('Infinity')))"
         )
-    if column == "decimal":
-        pattern = "'^DECIMAL\\\\((\\\\d+),(\\\\d+)\\\\)$'"
-        precision = f"try_cast(regexp_extract({kind}, {pattern}, 1) AS int)"
-        scale = f"try_cast(regexp_extract({kind}, {pattern}, 2) AS int)"
-        return (
-            f"({integer} OR ({kind} LIKE 'DECIMAL(%' AND ("
-            f"({scale} BETWEEN 1 AND 18 AND {precision} - {scale} <= 20)"
-            f" OR ({scale} = 0 AND {precision} <= 18))))"
-        )
-    return None
+    pattern = "'^DECIMAL\\\\((\\\\d+),(\\\\d+)\\\\)$'"  # decimal
+    precision = f"try_cast(regexp_extract({kind}, {pattern}, 1) AS int)"
+    scale = f"try_cast(regexp_extract({kind}, {pattern}, 2) AS int)"
+    return (
+        f"({integer} OR ({kind} LIKE 'DECIMAL(%' AND ("
+        f"({scale} BETWEEN 1 AND 18 AND {precision} - {scale} <= 20)"
+        f" OR ({scale} = 0 AND {precision} <= 18))))"
+    )
 
 
 class JvmTyping:
@@ -113,7 +107,7 @@ def jvm_typing(columns: dict[str, str], payload: str = "payload") -> JvmTyping |
     variant = f"try_parse_json({payload})"
     # one JSON object and nothing after it (parse_json alone ignores what follows a value)
     checks = [vouched_object(payload), f"{variant} IS NOT NULL"]
-    names = ", ".join(_sql_text(name) for name in columns) or "CAST(NULL AS string)"
+    names = ", ".join(sql_text(name) for name in columns) or "CAST(NULL AS string)"
     checks.append(f"forall(json_object_keys({payload}), k -> array_contains(array({names}), k))")
     values = {}
     for name, kind in columns.items():
@@ -123,14 +117,11 @@ def jvm_typing(columns: dict[str, str], payload: str = "payload") -> JvmTyping |
         value_type = _VALUE_TYPES.get(kind)
         if path is None or value_type is None:
             return None
-        value = f"variant_get({variant}, {_sql_text(path)})"
+        value = f"variant_get({variant}, {sql_text(path)})"
         of = f"schema_of_variant({value})"
-        fits = _fits(of, kind, value)
-        if fits is None:
-            return None
-        checks.append(f"({of} IS NULL OR {of} = 'VOID' OR {fits})")
+        checks.append(f"({of} IS NULL OR {of} = 'VOID' OR {_fits(of, kind, value)})")
         values[name] = f.expr(
-            f"try_variant_get({variant}, {_sql_text(path)}, '{value_type}')"
+            f"try_variant_get({variant}, {sql_text(path)}, '{value_type}')"
         ).alias(name)
     decided = f.coalesce(f.expr(" AND ".join(f"({check})" for check in checks)), f.lit(False))
     return JvmTyping(decided, values)

@@ -55,8 +55,8 @@ from outbox_lake.tables import QUARANTINE_TABLE, TYPED_BASE
 from outbox_lake.typed_rows import payload_columns, type_batch, typed_batch_schema, widens
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructField, StructType
 
 __all__ = ["TypedSink", "decide_columns", "typed_through", "widen_to_decimal", "widened"]
 
@@ -479,17 +479,14 @@ class TypedSink:
         typed columns, and nothing set aside or pending."""
         from pyspark.sql import functions as f
 
-        computed = jvm.values
-        return rows.select(
-            *(
-                computed[field.name]
-                if field.name in computed
-                else f.col(field.name).cast(field.dataType).alias(field.name)
-                if field.name in _TYPED_BASE_NAMES
-                else f.lit(None).cast(field.dataType).alias(field.name)
-                for field in schema.fields
-            )
-        )
+        def column(field: StructField) -> Column:
+            if field.name in jvm.values:
+                return jvm.values[field.name]
+            if field.name in _TYPED_BASE_NAMES:
+                return f.col(field.name).cast(field.dataType).alias(field.name)
+            return f.lit(None).cast(field.dataType).alias(field.name)  # _reason, _pending...
+
+        return rows.select(*(column(field) for field in schema.fields))
 
     @staticmethod
     def _rows(typed: _Typed) -> DataFrame:
