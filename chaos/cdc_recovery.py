@@ -1,31 +1,54 @@
-"""``python -m chaos.cdc_recovery --rounds N [--pauses]``: does CDC come back by itself after
-the broker and Kafka Connect are killed together, or after the broker is paused? (issue 31)
+"""``python -m chaos.cdc_recovery --rounds N [--kinds kill|pause|both] [--relay]``: does CDC
+come back by itself after the broker and Kafka Connect are killed together, or after the
+broker is paused? (issue 31)
 
 On a stack of its own (``.stack/cdc-recovery``: PostgreSQL, the broker, Connect and the
 connector, started as the broker-fault tests start them: ``tests/fix_stack.py``,
-``tests/fix_cdc.py``), a writer commits events into the outbox all along. No relay runs: only
-CDC delivers. Each round injects one fault:
+``tests/fix_cdc.py``), a writer commits events into the outbox all along. Without
+``--relay`` no relay runs: only CDC delivers. Each round injects one fault:
 
 - ``kill``: ``kill -9`` of the broker, then of Connect; a few seconds down; the broker started
   again (until it answers), then Connect (until its REST API answers): "both are back";
-- ``pause`` (``--pauses``: every other round): the broker SIGSTOPped for 20-40 s, then
-  SIGCONT ("back" at once).
+- ``pause``: the broker SIGSTOPped for 20-40 s, then SIGCONT ("back" at once).
+
+``--kinds`` chooses the rounds: ``kill`` (the default), ``pause``, or ``both`` (a kill, then
+a pause, and so on; ``--pauses`` is the same).
 
 Then a fresh probe event is committed, and CDC must bring it to its topic (read
 ``read_committed``) within ``--bound`` seconds (120) of both being back: the round's
-recovery time. Evidence goes to ``<dir>/evidence/<time>-seed<seed>/round-NN/`` (kept across
+recovery time.
+
+With ``--relay``, our relay runs all along in auto mode as operators run it (``outbox relay
+run``, a process of its own, settings in its environment: the connector's topic prefix,
+Connect's offsets topic, its default unblock idle time, a grace of 3 s as the broker-fault
+tests have it). It may deliver the probe itself, so a round is judged by CDC itself: after
+the probe's commit, ``pg_current_wal_lsn()``; the round recovered once the connector's slot
+confirms that WAL (``confirmed_flush_lsn``) and the probe is on Kafka (either path), within
+``--bound``, 180 s by default with ``--relay``: the relay aborts a hanging transaction on
+Connect's offsets topic once its producer has been silent for 60 s
+(``OUTBOX_RELAY_CONNECT_UNBLOCK_IDLE_SECONDS``), looking every 15 s, and Connect then
+starts the task. Each round says whether the relay had to unblock Connect (its
+``outbox_relay_connect_unblocked_total``; its log lines in the evidence). A relay that exits
+on its own, or does not stop cleanly (exit 0 on SIGTERM) at the end, fails the run. At the
+end (``--lake``, on by default with ``--relay``), the writer stopped and everything
+delivered, ``outbox lake ingest --available-now`` runs once over the load's and the probes'
+topics into ``<evidence>/lake``, and its ``events`` table must hold every committed event
+exactly once (an event whose commit raised is unknown: there or not, never twice), in commit
+order per aggregate (its ``position``).
+
+Evidence goes to ``<dir>/evidence/<time>-seed<seed>/round-NN/`` (kept across
 runs), taken in threads of its own (the round's clock runs on): a round still waiting after
 ``--dump-after`` seconds (30) gets Connect's thread dumps, its REST answers, the slot and the
 transactions open on Connect's topics; one that misses the bound is a failure and gets
 everything besides (the broker's thread dump, ``kafka-transactions.sh`` list, describe,
 find-hanging and describe-producers on Connect's topics, the groups, both logs since the
-round began). A failed round waits on, up to ``--give-up`` seconds, to measure how long CDC
-takes by itself, and only then applies an operator's remedies (restart a failed task,
-``outbox connect unblock``, restart Connect) so that the next rounds can run. Each round
-also reports how long each read of ``outbox-connect-offsets`` to its end took (Connect's
-log), any transaction open there from before the fault, and any such transaction still
-holding the ``read_committed`` readers of the outbox's topics once CDC delivers again (also a
-failure).
+round began, the relay's log). A failed round waits on, up to ``--give-up`` seconds, to
+measure how long CDC takes by itself, and only then applies an operator's remedies (restart
+a failed task, ``outbox connect unblock``, restart Connect) so that the next rounds can run.
+Each round also reports how long each read of ``outbox-connect-offsets`` to its end took
+(Connect's log), any transaction open there from before the fault, and any such transaction
+still holding the ``read_committed`` readers of the outbox's topics once CDC delivers again
+(also a failure).
 
 For reproducing and for trying a fix: ``--aim`` kills only once a transaction is seen open
 on the offsets topic (the window in which a kill holds the restarted worker); ``--down``
@@ -38,9 +61,10 @@ and Connect its herder, its topic-backed stores and its producers' transactions 
 has no setting for its services' logging: the log4j2 text it writes at each start is
 extended, in this process only).
 
-Exit status: 0 when every round recovered within the bound and no component exited
-unplanned; 1 otherwise (or when CDC did not come back even after the remedies); 2 when the
-stack could not be brought up.
+Exit status: 0 when every round recovered within the bound, no component exited
+unplanned (nor the relay) and the lake (if checked) holds every committed event once; 1
+otherwise (or when CDC did not come back even after the remedies); 2 when the stack could
+not be brought up.
 """
 
 from __future__ import annotations
@@ -48,7 +72,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import itertools
 import json
+import os
 import random
 import re
 import secrets
@@ -56,14 +82,18 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import psycopg
 import sqlalchemy as sa
@@ -81,24 +111,31 @@ from outbox.kafka_options import client_options
 from outbox.settings import KafkaSettings
 from outbox_connect import ConnectClient, ConnectError, ConnectorSettings, render_connector_config
 from outbox_connect.open_transactions import open_transactions
+from outbox_relay.settings import RelaySettings
 from outbox_stack import PostgresCluster, StackSettings
 from outbox_stack import broker as broker_module
 from outbox_stack import connect as connect_module
-from outbox_stack.artifacts import java_classpath
+from outbox_stack.artifacts import java_classpath, spark_extra_jars
 from outbox_stack.broker import NODE_ID, KafkaBroker
 from outbox_stack.connect import CONNECT_GROUP, OFFSETS_TOPIC, ConnectWorker
 from outbox_stack.errors import StackError
 from outbox_stack.process import ServiceProcess
+from tests.fix_postgres import ROOT as TESTS_ROOT
 from tests.fix_postgres import ScratchDatabase, free_port
 from tests.fix_stack import KafkaServices, stack_settings, started_services
 from tests.kafka_read import read_until
 
 __all__ = [
+    "Committed",
     "FaultKind",
+    "Kinds",
+    "LakeCheck",
     "PlannedRound",
     "RoundResult",
+    "compare_lake",
     "debug_log4j2",
     "main",
+    "metric_samples",
     "offsets_reads",
     "override",
     "plan_rounds",
@@ -123,6 +160,23 @@ TIMELINE_EVERY_SECONDS = 0.5
 READERS_GRACE_SECONDS = 30.0
 """How long a transaction from before the fault may stay open on an outbox topic once CDC
 delivers again (the restarted task's next commit there ends it)."""
+BOUND_SECONDS = 120.0
+"""The default bound: CDC alone."""
+UNBLOCK_IDLE_SECONDS = float(RelaySettings.model_fields["connect_unblock_idle_seconds"].default)
+"""The relay's default ``connect_unblock_idle_seconds`` (60): the runs use it as is."""
+RELAY_BOUND_SECONDS = 180.0
+"""The default bound with ``--relay``: the relay's unblock idle time (60 s), its look every
+15 s, and Connect's restart of the task, with room to spare."""
+RELAY_GRACE_SECONDS = 3.0
+"""The relay's grace with ``--relay``, as the broker-fault tests run it."""
+RELAY_ROLE = "cdc_recovery_relay"
+DRAIN_SECONDS = 300.0
+"""At the end: how long the outbox has to empty and CDC to confirm the last WAL."""
+LAKE_TIMEOUT_SECONDS = 1200.0
+LAKE_TOPIC_PATTERN = rf"^{re.escape(topic_for(LOAD_TYPE))}$|^{re.escape(topic_for(PROBE_TYPE))}$"
+"""Only the load's and the probes' topics."""
+UNBLOCKED = "outbox_relay_connect_unblocked_total"
+TAKEOVERS = "outbox_relay_takeovers_total"
 
 CONNECT_DEBUG_LOGGERS = {
     "org.apache.kafka.connect.runtime.distributed": "debug",
@@ -147,6 +201,14 @@ class FaultKind(StrEnum):
     PAUSE = "pause"
 
 
+class Kinds(StrEnum):
+    """The rounds of a run: kills only, pauses only, or both (a kill, then a pause...)."""
+
+    KILL = "kill"
+    PAUSE = "pause"
+    BOTH = "both"
+
+
 @dataclass(frozen=True)
 class PlannedRound:
     number: int
@@ -162,14 +224,16 @@ class PlannedRound:
 
 
 def plan_rounds(
-    rounds: int, *, pauses: bool, seed: int, down: float | None = None
+    rounds: int, *, kinds: Kinds, seed: int, down: float | None = None
 ) -> list[PlannedRound]:
-    """The rounds of a run, replayed by ``seed``: kills only, or (``pauses``) a kill, then a
-    pause, and so on. ``down``: how long a kill round keeps both dead (default: 1-5 s)."""
+    """The rounds of a run, replayed by ``seed``: kills only, pauses only, or (``both``) a
+    kill, then a pause, and so on. ``down``: how long a kill round keeps both dead (default:
+    1-5 s)."""
     chooser = random.Random(f"cdc-recovery:{seed}")  # noqa: S311 - replayable, no secret
     planned = []
     for number in range(1, rounds + 1):
-        kind = FaultKind.PAUSE if pauses and number % 2 == 0 else FaultKind.KILL
+        pause = kinds is Kinds.PAUSE or (kinds is Kinds.BOTH and number % 2 == 0)
+        kind = FaultKind.PAUSE if pause else FaultKind.KILL
         hold = PAUSE_SECONDS if kind is FaultKind.PAUSE else DOWN_SECONDS
         if kind is FaultKind.KILL and down is not None:
             hold = (down, down)
@@ -202,10 +266,20 @@ class RoundResult:
     delivered again (and :data:`READERS_GRACE_SECONDS` more): every ``read_committed``
     reader (the relay's CDC watch, the lake, consumers) stops at their first record."""
     recovery_seconds: float | None = None
-    """From both being back to the probe on Kafka; None: it never came."""
-    bound_seconds: float = 120.0
+    """From both being back to the probe on Kafka (with the relay: to CDC confirming the
+    probe's WAL, the probe on Kafka); None: it never came."""
+    bound_seconds: float = BOUND_SECONDS
     evidence: Path | None = None
     notes: list[str] = field(default_factory=list)
+    by_cdc: bool = False
+    """Judged by CDC confirming the probe's WAL (a relay runs and may deliver the probe)."""
+    probe_seconds: float | None = None
+    """With the relay: from both being back to the probe on Kafka, by either path."""
+    unblocked: int | None = None
+    """With the relay: the hanging transactions it aborted on Connect's offsets topic during
+    the round (None: its metrics did not answer)."""
+    took_over: bool | None = None
+    """With the relay: whether it took over from CDC during the round."""
 
     @property
     def ok(self) -> bool:
@@ -215,6 +289,15 @@ class RoundResult:
             and not self.readers_held
         )
 
+    def relay_said(self) -> str:
+        """Whether the relay had to unblock Connect (and took over) in the round."""
+        if self.unblocked is None:
+            unblocked = "unknown (no metrics)"
+        else:
+            unblocked = f"yes ({self.unblocked})" if self.unblocked else "no"
+        took = {None: "unknown", True: "yes", False: "no"}[self.took_over]
+        return f"relay unblocked Connect: {unblocked}, took over: {took}"
+
     def line(self) -> str:
         """One line for the round (and one per note)."""
         back = ""
@@ -223,10 +306,18 @@ class RoundResult:
         if self.connect_ready_seconds is not None:
             back += f", Connect's REST {self.connect_ready_seconds:.1f} s later"
         verdict = "ok" if self.ok else f"FAILED (bound {self.bound_seconds:.0f} s)"
+        if self.by_cdc:
+            judged = (
+                f"probe on Kafka {_seconds(self.probe_seconds)}, CDC confirmed its WAL "
+                f"{_seconds(self.recovery_seconds)} after both back; {self.relay_said()}: "
+            )
+        else:
+            judged = f"probe on Kafka {_seconds(self.recovery_seconds)} after both back: "
         text = (
             f"round {self.planned.number} {self.planned.describe()}: "
             + (f"{back}; " if back else "")
-            + f"probe on Kafka {_seconds(self.recovery_seconds)} after both back: {verdict}"
+            + judged
+            + verdict
         )
         reads = ", ".join(_seconds(read) for read in self.offsets_reads)
         extra = [
@@ -244,19 +335,22 @@ def _seconds(value: float | None) -> str:
 
 
 def summary_lines(
-    results: Sequence[RoundResult], *, exits: Sequence[str], writer: str
+    results: Sequence[RoundResult], *, exits: Sequence[str], writer: str, planned: int = 0
 ) -> list[str]:
-    """The run's summary: rounds, failures, recovery times (p50 and max, all and per kind),
-    unplanned exits, the writer."""
+    """The run's summary: rounds, failures, recovery times (min, p50 and max, all and per
+    kind), each round (kind, recovery, whether the relay unblocked Connect), how many of the
+    ``planned`` rounds recovered within the bound, unplanned exits, the writer."""
     failed = [result for result in results if not result.ok]
     kinds = {kind: [r for r in results if r.planned.kind is kind] for kind in FaultKind}
+    by_cdc = any(r.by_cdc for r in results)
+    what = "CDC confirming the probe's WAL" if by_cdc else "probe on Kafka"
     lines = [
         f"rounds: {len(results)} ("
         + ", ".join(f"{kind} {len(done)}" for kind, done in kinds.items() if done)
         + f"); failures: {len(failed)}"
     ]
     lines += [
-        f"  round {r.planned.number} ({r.planned.kind}): probe on Kafka: "
+        f"  round {r.planned.number} ({r.planned.kind}): {what}: "
         f"{_seconds(r.recovery_seconds)} (bound {r.bound_seconds:.0f} s); evidence {r.evidence}"
         for r in failed
     ]
@@ -269,10 +363,12 @@ def summary_lines(
             continue
         never = len(chosen) - len(times)
         figures = (
-            f"p50 {statistics.median(times):.1f} s, max {max(times):.1f} s" if times else "none"
+            f"min {min(times):.1f} s, p50 {statistics.median(times):.1f} s, max {max(times):.1f} s"
+            if times
+            else "none"
         )
         lines.append(
-            f"recovery ({label}, probe on Kafka after both back): {figures}"
+            f"recovery ({label}, {what} after both back): {figures}"
             + (f"; {never} never" if never else "")
         )
         starts = [r.offsets_reads[0] for r in chosen if r.offsets_reads]
@@ -296,6 +392,24 @@ def summary_lines(
         lines.append(
             f"  rounds with a transaction from before the fault open on {OFFSETS_TOPIC}: {held}"
         )
+    for r in results:
+        lines.append(
+            f"  round {r.planned.number:2d} {r.planned.kind:5s} recovery "
+            f"{_seconds(r.recovery_seconds):>7s}"
+            + (f", {r.relay_said()}" if r.by_cdc else "")
+            + ("" if r.ok else " FAILED")
+        )
+    if by_cdc:
+        unblocked = [r.planned.number for r in results if r.unblocked]
+        lines.append(
+            f"relay unblocked Connect in {len(unblocked)} of {len(results)} rounds"
+            + (f" (rounds {', '.join(map(str, unblocked))})" if unblocked else "")
+        )
+    bounds = sorted({f"{r.bound_seconds:.0f} s" for r in results})
+    lines.append(
+        f"{sum(1 for r in results if r.ok)} of {max(planned, len(results))} rounds recovered "
+        f"within the bound ({', '.join(bounds) or 'none'})"
+    )
     lines.append("unplanned exits: " + ("; ".join(exits) if exits else "none"))
     lines.append(f"writer: {writer}")
     return lines
@@ -347,12 +461,133 @@ def debug_log4j2(text: str, loggers: dict[str, str]) -> str:
     return (text if not text or text.endswith("\n") else text + "\n") + added
 
 
+def metric_samples(text: str) -> dict[str, float]:
+    """The samples of a Prometheus text page, by name (with its labels, if any)."""
+    found = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            found[name.strip()] = float(value)
+    return found
+
+
+@dataclass(frozen=True)
+class Committed:
+    """An event whose commit was acknowledged, in commit order."""
+
+    event_id: str
+    aggregate_type: str
+    aggregate_id: str
+
+
+@dataclass(frozen=True)
+class LakeCheck:
+    """The lake's ``events`` table against what was committed."""
+
+    committed: int
+    once: int
+    """Committed events found in the lake exactly once."""
+    missing: list[str]
+    doubled: list[str]
+    """Event ids (committed, unknown or not) found more than once."""
+    unknown: int
+    """Events whose commit raised (committed or not: either is allowed, never twice)."""
+    unknown_landed: int
+    stray: list[str]
+    """Event ids in the lake that were neither committed nor unknown."""
+    order_checked: int | None
+    """Aggregates whose events' positions were checked against commit order; None: not
+    checked (the table has no position)."""
+    out_of_order: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.doubled or self.stray or self.out_of_order)
+
+    def line(self) -> str:
+        text = (
+            f"lake: {self.committed} committed, {self.once} in the lake once, "
+            f"{len(self.missing)} missing, {len(self.doubled)} doubled"
+        )
+        if self.unknown:
+            text += f"; {self.unknown} unknown ({self.unknown_landed} in the lake)"
+        if self.stray:
+            text += f"; {len(self.stray)} never written"
+        if self.order_checked is None:
+            text += "; order not checked (no position)"
+        else:
+            text += (
+                f"; order per aggregate (position): {self.order_checked} aggregates, "
+                f"{len(self.out_of_order)} out of commit order"
+            )
+        return text
+
+    def details(self, limit: int = 5) -> list[str]:
+        """Examples of what is wrong, for the run's output."""
+        return [
+            f"  {what}: {', '.join(ids[:limit])}" + (" ..." if len(ids) > limit else "")
+            for what, ids in (
+                ("missing", self.missing),
+                ("doubled", self.doubled),
+                ("never written", self.stray),
+                ("out of order", self.out_of_order),
+            )
+            if ids
+        ]
+
+
+def compare_lake(
+    committed: Sequence[Committed], unknown: Collection[str], lake: Iterable[Mapping[str, Any]]
+) -> LakeCheck:
+    """The lake's ``events`` rows (``event_id``, ``aggregate_type``, ``aggregate_id``,
+    ``position``) against ``committed`` (in commit order) and the ``unknown`` ids: each
+    committed id once, none missing, none twice, none never written, and per aggregate the
+    rows in position order are in commit order."""
+    rows = list(lake)
+    counts = Counter(str(row["event_id"]) for row in rows)
+    order = {event.event_id: n for n, event in enumerate(committed)}
+    unknown_ids = set(unknown) - set(order)
+    missing = [event.event_id for event in committed if counts[event.event_id] == 0]
+    doubled = sorted(event_id for event_id, count in counts.items() if count > 1)
+    stray = sorted(e for e in counts if e not in order and e not in unknown_ids)
+    once = sum(1 for event in committed if counts[event.event_id] == 1)
+    order_checked: int | None = None
+    out_of_order: list[str] = []
+    if all(row.get("position") is not None for row in rows):
+        aggregates: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+        for row in rows:
+            number = order.get(str(row["event_id"]))
+            if number is not None:
+                key = (str(row["aggregate_type"]), str(row["aggregate_id"]))
+                aggregates[key].append((int(row["position"]), number))
+        order_checked = len(aggregates)
+        for (kind, aggregate), found in sorted(aggregates.items()):
+            numbers = [number for _position, number in sorted(set(found))]
+            if any(later <= earlier for earlier, later in itertools.pairwise(numbers)):
+                out_of_order.append(f"{kind}/{aggregate}")
+    return LakeCheck(
+        committed=len(committed),
+        once=once,
+        missing=missing,
+        doubled=doubled,
+        unknown=len(unknown_ids),
+        unknown_landed=sum(1 for event_id in unknown_ids if counts[event_id]),
+        stray=stray,
+        order_checked=order_checked,
+        out_of_order=out_of_order,
+    )
+
+
 # --- the load and the probes ---------------------------------------------------------------
 
 
 class LoadWriter(threading.Thread):
     """An application committing ``rate`` events a second (a transaction every 0.1 s at
-    most), reconnecting after a lost connection."""
+    most), reconnecting after a lost connection. It keeps the events whose commit was
+    acknowledged, in commit order (:attr:`events`), and those whose commit raised
+    (:attr:`unknown`: committed or not)."""
 
     def __init__(self, conninfo: str, rate: float) -> None:
         super().__init__(name="cdc-recovery-writer", daemon=True)
@@ -360,6 +595,8 @@ class LoadWriter(threading.Thread):
         self.batch = max(1, round(rate / 10))
         self.pause = min(0.1, self.batch / rate)
         self.committed = 0
+        self.events: list[Committed] = []
+        self.unknown: set[str] = set()
         self.errors: list[str] = []
         self.stopping = threading.Event()
 
@@ -375,10 +612,18 @@ class LoadWriter(threading.Thread):
                     Event(LOAD_TYPE, str((number + n) % 11), "Written", {"n": number + n})
                     for n in range(self.batch)
                 ]
-                with connection.transaction():
-                    outbox.publish_many(connection, events)
+                try:
+                    with connection.transaction():
+                        outbox.publish_many(connection, events)
+                except BaseException:
+                    self.unknown.update(str(event.event_id) for event in events)
+                    raise
                 number += self.batch
                 self.committed += self.batch
+                self.events += [
+                    Committed(str(event.event_id), LOAD_TYPE, event.aggregate_id)
+                    for event in events
+                ]
             except psycopg.OperationalError:
                 connection = None
             except Exception as error:
@@ -390,15 +635,58 @@ class LoadWriter(threading.Thread):
 
     def describe(self) -> str:
         errors = f", stopped on {self.errors[0]}" if self.errors else ", no error"
-        return f"{self.committed} events committed{errors}"
+        unknown = f" ({len(self.unknown)} more whose commit raised)" if self.unknown else ""
+        return f"{self.committed} events committed{unknown}{errors}"
 
 
-def write_probe(conninfo: str, number: int) -> uuid.UUID:
-    """Commit the probe of round ``number``; its event id."""
-    event = Event(PROBE_TYPE, str(number), "Probe", {"round": number})
+def probe_event(number: int) -> Event:
+    return Event(PROBE_TYPE, str(number), "Probe", {"round": number})
+
+
+def commit_probe(conninfo: str, event: Event) -> None:
+    """Commit a probe (raises when its commit was not acknowledged)."""
     with psycopg.connect(conninfo, connect_timeout=5) as connection, connection.transaction():
         Outbox().publish(connection, event)
-    return event.event_id
+
+
+def current_wal(conninfo: str) -> int:
+    """``pg_current_wal_lsn()``, in bytes of WAL."""
+    with psycopg.connect(conninfo, connect_timeout=5) as connection:
+        row = connection.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def slot_confirmed(conninfo: str, slot: str) -> int:
+    """Where ``slot`` is confirmed up to (bytes of WAL; -1 without it)."""
+    with psycopg.connect(conninfo, connect_timeout=5) as connection:
+        row = connection.execute(
+            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+    return -1 if row is None or row[0] is None else int(row[0])
+
+
+def wait_for_slot(conninfo: str, slot: str, wal: int, *, until: float) -> bool:
+    """Whether ``slot`` confirmed ``wal`` by ``until`` (monotonic): CDC itself delivered
+    everything written up to there."""
+    while True:
+        with contextlib.suppress(psycopg.OperationalError):
+            if slot_confirmed(conninfo, slot) >= wal:
+                return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.5)
+
+
+@dataclass
+class Probe:
+    event_id: uuid.UUID
+    wal: int | None
+    """``pg_current_wal_lsn()`` just after its commit (with the relay; None without)."""
+    on_kafka: float | None = None
+    """When it was found on Kafka (monotonic)."""
 
 
 def wait_for_probe(bootstrap: str, event_id: uuid.UUID, *, until: float) -> bool:
@@ -418,6 +706,179 @@ def wait_for_probe(bootstrap: str, event_id: uuid.UUID, *, until: float) -> bool
             continue
         return found(records)
     return False
+
+
+# --- the relay and the lake ----------------------------------------------------------------
+
+
+def _environment(**settings: str) -> dict[str, str]:
+    """Ours without any ``OUTBOX_*`` setting (an operator's shell may export some), then
+    ``settings``."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    return {**inherited, "PYTHONPATH": str(TESTS_ROOT), **settings}
+
+
+class RelayRunner:
+    """``outbox relay run`` in auto mode, as operators run it: a process of its own, its
+    settings in its environment, its JSON log in ``log``, its ``/metrics`` on ``port``."""
+
+    def __init__(self, env: dict[str, str], log: Path, port: int) -> None:
+        self.env = env
+        self.log = log
+        self.port = port
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stopped: int | None = None
+        """Its exit status once stopped at the end (None: not yet)."""
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "outbox_cli.main", "relay", "run"],
+                env=_environment(**self.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def how(self) -> str:
+        """How it ended (for an unplanned exit), with its last error line."""
+        if self.process is None:
+            return "never started"
+        code = self.process.poll()
+        if code is None:
+            how = "running"
+        elif code < 0:
+            how = f"pid {self.process.pid} killed by {signal.Signals(-code).name}"
+        else:
+            how = f"pid {self.process.pid} exited with status {code}"
+        errors = [line for line in self.tail() if '"ERROR"' in line or "Error" in line]
+        return how + (f"; last error: {errors[-1][:300]}" if errors else "")
+
+    def tail(self, lines: int = 200) -> list[str]:
+        if not self.log.exists():
+            return []
+        return self.log.read_text(errors="replace").splitlines()[-lines:]
+
+    def metrics(self) -> dict[str, float] | None:
+        """Its ``/metrics`` samples, or None when it does not answer."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.port}/metrics", timeout=5
+            ) as answer:
+                return metric_samples(answer.read().decode())
+        except (OSError, urllib.error.URLError):
+            return None
+
+    def counters(self, *names: str, tries: int = 10) -> dict[str, float] | None:
+        """``names`` from its metrics (asked again for a few seconds: it may be busy)."""
+        for _ in range(tries):
+            samples = self.metrics()
+            if samples is not None:
+                return {name: samples.get(name, 0.0) for name in names}
+            time.sleep(1)
+        return None
+
+    def wait_leading(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.running():
+            samples = self.metrics()
+            if samples is not None and samples.get("outbox_relay_leader") == 1.0:
+                return True
+            time.sleep(0.5)
+        return False
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        if not self.log.exists():
+            return ""
+        with self.log.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    def stop(self, timeout: float = 60) -> int | None:
+        """SIGTERM, then its exit status (it must be 0: the batch in flight finishes); killed
+        if it does not stop within ``timeout`` (None then)."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.stopped = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=30)
+            return None
+        return self.stopped
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+def unblock_lines(log_text: str) -> list[str]:
+    """The relay's "aborted a hanging transaction" messages in its JSON log."""
+    found = []
+    for line in log_text.splitlines():
+        if "aborted a hanging transaction" not in line:
+            continue
+        try:
+            message = str(json.loads(line).get("message", line))
+        except (ValueError, AttributeError):
+            message = line
+        found.append(message[:300])
+    return found
+
+
+def run_lake(
+    root: Path, bootstrap: str, downloads: Path, log: Path, timeout: float
+) -> tuple[int | None, str]:
+    """``outbox lake ingest --available-now`` over the load's and the probes' topics into
+    ``root``, in a process group of its own (the job and Spark's JVM), its output in ``log``:
+    its exit status (None: killed at ``timeout``) and its summary line."""
+    env = _environment(
+        OUTBOX_LAKE_ROOT=str(root),
+        OUTBOX_LAKE_TOPIC_PATTERN=LAKE_TOPIC_PATTERN,
+        OUTBOX_LAKE_TRIGGER_SECONDS="1",
+        OUTBOX_KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+        OUTBOX_LAKE_SPARK_JARS=",".join(str(jar) for jar in spark_extra_jars(downloads)),
+    )
+    with log.open("wb") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "outbox_cli.main", "lake", "ingest", "--available-now"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = job.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)  # Spark's JVM, if it outlived the job
+            job.wait(timeout=30)
+    said = [
+        line
+        for line in log.read_text(errors="replace").splitlines()
+        if line.startswith(("lake ingest:", "lake ingest stopped:"))
+    ]
+    return code, (said[-1] if said else "no summary line")
+
+
+def lake_events(root: Path) -> list[dict[str, Any]]:
+    """The ``events`` table's rows (the columns the comparison needs)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(root / "events"))
+    columns = ["event_id", "aggregate_type", "aggregate_id", "position"]
+    return table.to_pyarrow_table(columns=columns).to_pylist()  # type: ignore[no-any-return]
 
 
 # --- what happens meanwhile ----------------------------------------------------------------
@@ -507,13 +968,20 @@ class Timeline(threading.Thread):
 
 
 class ExitWatch(threading.Thread):
-    """PostgreSQL, the broker and Connect, every half second: one that is not running while
-    no fault or restart of this run acts on it (:attr:`planned`) exited unplanned."""
+    """PostgreSQL, the broker, Connect (and the relay), every half second: one that is not
+    running while no fault or restart of this run acts on it (:attr:`planned`) exited
+    unplanned. ``explain``: how a component other than the services tells how it ended."""
 
-    def __init__(self, components: dict[str, Callable[[], bool]], pids: dict[str, ServiceProcess]):
+    def __init__(
+        self,
+        components: dict[str, Callable[[], bool]],
+        pids: dict[str, ServiceProcess],
+        explain: dict[str, Callable[[], str]] | None = None,
+    ):
         super().__init__(name="cdc-recovery-exits", daemon=True)
         self.components = components
         self.pids = pids
+        self.explain = explain or {}
         self.planned: set[str] = set()
         self.exits: list[str] = []
         self.lock = threading.Lock()
@@ -551,6 +1019,8 @@ class ExitWatch(threading.Thread):
             self.exits.append(f"{time.strftime('%H:%M:%S')} {name}: {how}")
 
     def _how(self, name: str) -> str:
+        if name in self.explain:
+            return self.explain[name]()
         process = self.pids.get(name)
         if process is None:
             return "not running"
@@ -742,8 +1212,12 @@ class Run:
     give_up: float
     dump_after: float
     aim: bool
+    relay: RelayRunner | None = None
     results: list[RoundResult] = field(default_factory=list)
     aborted: str | None = None
+    probes: list[Committed] = field(default_factory=list)
+    """The probes whose commit was acknowledged, in commit order."""
+    probes_unknown: set[str] = field(default_factory=set)
 
     @property
     def client(self) -> ConnectClient:
@@ -772,6 +1246,9 @@ class Run:
         if not self.services.connect.process.is_running():
             self._start_connect(result)
             result.notes.append("Connect was not running: started again")
+        if self.relay is not None and not self.relay.running():
+            self.relay.start()
+            result.notes.append("the relay was not running: started again")
 
     def _start_connect(self, result: RoundResult) -> None:
         """Start Connect and wait for its REST API; again while it exits during start-up (an
@@ -792,10 +1269,14 @@ class Run:
                 )
 
     def round(self, planned: PlannedRound) -> RoundResult:
-        result = RoundResult(planned, bound_seconds=self.bound)
+        result = RoundResult(planned, bound_seconds=self.bound, by_cdc=self.relay is not None)
         self.ensure_running(result)
         services = self.services
         offsets = _log_offsets(services.connect.process, services.broker.process)
+        relay_before = relay_log = None
+        if self.relay is not None:
+            relay_before = self.relay.counters(UNBLOCKED, TAKEOVERS)
+            relay_log = self.relay.log_size()
         time.sleep(planned.settle_seconds)
         if planned.kind is FaultKind.KILL:
             if self.aim:
@@ -827,22 +1308,45 @@ class Run:
         )
         timeline.start()
         try:
-            self._probe(result, back, offsets, timeline)
+            self._probe(result, back, offsets, timeline, relay_log)
         finally:
             timeline.stop()
             result.held_by = timeline.held_by
             result.offsets_reads = offsets_reads(
                 _log_since(services.connect.process, offsets).splitlines()
             )
+            if self.relay is not None and relay_log is not None:
+                self._relay_round(result, relay_before, relay_log)
         return result
 
-    def _probe(
-        self, result: RoundResult, back: float, offsets: dict[str, int], timeline: Timeline
+    def _relay_round(
+        self, result: RoundResult, before: dict[str, float] | None, log_offset: int
     ) -> None:
-        """Commit the round's probe and wait for it on Kafka. Evidence is taken, in threads
-        of its own (the wait's clock runs on), at ``--dump-after`` (a slow round: thread
-        dumps, REST, the offsets topic), at the bound and at ``--give-up`` (everything);
-        past ``--give-up``, the remedies."""
+        """Whether the relay unblocked Connect and took over during the round: its counters'
+        growth (unknown when its metrics did not answer, or it started again meanwhile), and
+        its own words from its log."""
+        assert self.relay is not None
+        after = self.relay.counters(UNBLOCKED, TAKEOVERS)
+        if before is not None and after is not None and after[UNBLOCKED] >= before[UNBLOCKED]:
+            result.unblocked = int(after[UNBLOCKED] - before[UNBLOCKED])
+            result.took_over = after[TAKEOVERS] > before[TAKEOVERS]
+        said = unblock_lines(self.relay.log_since(log_offset))
+        result.notes += [f"relay: {line}" for line in said]
+        if result.unblocked is None and said:
+            result.unblocked = len(said)
+
+    def _probe(
+        self,
+        result: RoundResult,
+        back: float,
+        offsets: dict[str, int],
+        timeline: Timeline,
+        relay_log: int | None,
+    ) -> None:
+        """Commit the round's probe and wait for it on Kafka (with the relay: and for CDC to
+        confirm its WAL). Evidence is taken, in threads of its own (the wait's clock runs
+        on), at ``--dump-after`` (a slow round: thread dumps, REST, the offsets topic), at the
+        bound and at ``--give-up`` (everything); past ``--give-up``, the remedies."""
         number = result.planned.number
         folder = self.folder / f"round-{number:02d}"
         evidence = Evidence(self.services, self.connector, folder)
@@ -854,7 +1358,7 @@ class Run:
                 (self.give_up, "at-give-up", True),
             }
         )
-        probe: uuid.UUID | None = None
+        probe: Probe | None = None
         arrived = False
         passed: set[float] = set()
         for limit, tag, full in checkpoints:
@@ -863,14 +1367,14 @@ class Run:
             passed.add(limit)
             if probe is None:
                 probe = self.write_probe(number, until=back + limit)
-            if probe is not None and wait_for_probe(
-                self.services.bootstrap_servers, probe, until=back + limit
-            ):
+            if probe is not None and self.recovered(probe, until=back + limit):
                 arrived = True
                 break
             result.evidence = folder
             if tag == "at-bound":
-                typer.echo(f"round {number}: no probe on Kafka {limit:.0f} s after both back")
+                typer.echo(
+                    f"round {number}: {self.waiting_for(probe)} {limit:.0f} s after both back"
+                )
             takers.append(
                 threading.Thread(
                     target=evidence.collect,
@@ -880,6 +1384,8 @@ class Run:
                 )
             )
             takers[-1].start()
+        if probe is not None and probe.on_kafka is not None and self.relay is not None:
+            result.probe_seconds = probe.on_kafka - back
         if arrived:
             result.recovery_seconds = time.monotonic() - back
             if result.recovery_seconds > self.bound:
@@ -890,18 +1396,39 @@ class Run:
             taker.join(timeout=600)
         if result.evidence is not None:
             evidence.final(timeline, offsets)
+            if self.relay is not None and relay_log is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "relay.log").write_text(self.relay.log_since(relay_log))
         if arrived:
             result.readers_held = self._readers_held(back)
             return
         result.notes.append(f"CDC not back by itself after {self.give_up:.0f} s: remedies")
         self._remedy(result)
         probe = self.write_probe(number, until=time.monotonic() + self.give_up)
-        if probe is None or not wait_for_probe(
-            self.services.bootstrap_servers, probe, until=time.monotonic() + self.give_up
-        ):
+        if probe is None or not self.recovered(probe, until=time.monotonic() + self.give_up):
             self.aborted = f"round {number}: CDC did not come back even after the remedies"
         else:
             result.readers_held = self._readers_held(back)
+
+    def recovered(self, probe: Probe, *, until: float) -> bool:
+        """Whether ``probe`` is on Kafka by ``until`` (monotonic); with the relay (which may
+        deliver it itself), also whether CDC confirmed the WAL written up to its commit."""
+        if probe.on_kafka is None:
+            if not wait_for_probe(self.services.bootstrap_servers, probe.event_id, until=until):
+                return False
+            probe.on_kafka = time.monotonic()
+        if probe.wal is None:
+            return True
+        return wait_for_slot(
+            self.database.conninfo, self.connector.slot_name, probe.wal, until=until
+        )
+
+    def waiting_for(self, probe: Probe | None) -> str:
+        if probe is None:
+            return "no probe committed"
+        if probe.on_kafka is None:
+            return "no probe on Kafka"
+        return "CDC has not confirmed the probe's WAL"
 
     def _readers_held(self, back: float) -> list[str]:
         """Transactions open since before ``back`` on the outbox's topics, still open after
@@ -921,14 +1448,30 @@ class Run:
                 return held
             time.sleep(2)
 
-    def write_probe(self, number: int, *, until: float) -> uuid.UUID | None:
+    def write_probe(self, number: int, *, until: float) -> Probe | None:
+        """Commit a probe of round ``number`` (again while PostgreSQL refuses, until
+        ``until``); with the relay, with the WAL written up to its commit. None: no probe
+        committed by ``until``."""
         while True:
+            event = probe_event(number)
             try:
-                return write_probe(self.database.conninfo, number)
+                commit_probe(self.database.conninfo, event)
             except psycopg.OperationalError:
+                self.probes_unknown.add(str(event.event_id))
                 if time.monotonic() > until:
                     return None
                 time.sleep(1)
+                continue
+            self.probes.append(Committed(str(event.event_id), PROBE_TYPE, event.aggregate_id))
+            if self.relay is None:
+                return Probe(event.event_id, None)
+            while True:
+                try:
+                    return Probe(event.event_id, current_wal(self.database.conninfo))
+                except psycopg.OperationalError:
+                    if time.monotonic() > until:
+                        return None
+                    time.sleep(1)
 
     def _remedy(self, result: RoundResult) -> None:
         """What an operator does (docs/troubleshooting.md), in order, each said."""
@@ -1017,10 +1560,13 @@ def _raise_logging() -> None:
     broker_module._LOG4J2 = debug_log4j2(broker_module._LOG4J2, BROKER_DEBUG_LOGGERS)
 
 
-def _start_stack(folder: Path) -> tuple[KafkaServices, ScratchDatabase, ConnectorSettings]:
+def _start_stack(
+    folder: Path, relay_password: str
+) -> tuple[KafkaServices, ScratchDatabase, ConnectorSettings]:
     """A fresh PostgreSQL, broker and Connect in ``folder`` (an earlier run's are deleted), a
-    migrated database, a CDC role and the connector as the broker-fault tests have them
-    (``tests/fix_cdc.py``: heartbeat every second, PostgreSQL's certificate verified)."""
+    migrated database, a CDC role, a relay role (:data:`RELAY_ROLE`, ``relay_password``) and
+    the connector as the broker-fault tests have them (``tests/fix_cdc.py``: heartbeat every
+    second, PostgreSQL's certificate verified)."""
     cluster = PostgresCluster(StackSettings(dir=folder, postgres_port=free_port()))
     cluster.destroy()
     cluster.up()
@@ -1047,6 +1593,7 @@ def _start_stack(folder: Path) -> tuple[KafkaServices, ScratchDatabase, Connecto
             outbox_migrations.create_cdc_role(
                 connection, connector.database_user, services.cdc_password
             )
+            outbox_migrations.create_relay_role(connection, RELAY_ROLE, relay_password)
     finally:
         engine.dispose()
     client = ConnectClient(connector.url)
@@ -1067,7 +1614,7 @@ def _stop_stack(services: KafkaServices | None, cluster: PostgresCluster) -> Non
 @dataclass(frozen=True)
 class Options:
     rounds: int
-    pauses: bool
+    kinds: Kinds
     seed: int
     bound: float
     give_up: float
@@ -1076,33 +1623,139 @@ class Options:
     aim: bool
     down: float | None
     folder: Path
+    relay: bool = False
+    lake: bool = False
+
+
+def _relay(
+    services: KafkaServices,
+    database: ScratchDatabase,
+    connector: ConnectorSettings,
+    password: str,
+    log: Path,
+) -> RelayRunner:
+    """The relay as operators run it: auto mode, as its own role, the connector's topic
+    prefix (its CDC heartbeat topic), Connect's offsets topic (which it unblocks), the
+    default unblock idle time."""
+    port = free_port()
+    return RelayRunner(
+        {
+            "OUTBOX_DATABASE_URL": services.cluster.url(
+                database.name, role=RELAY_ROLE, password=password
+            ),
+            "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": services.bootstrap_servers,
+            "OUTBOX_RELAY_MODE": "auto",
+            "OUTBOX_CONNECT_TOPIC_PREFIX": connector.topic_prefix,
+            "OUTBOX_RELAY_CONNECT_OFFSETS_TOPIC": OFFSETS_TOPIC,
+            "OUTBOX_RELAY_GRACE_SECONDS": f"{RELAY_GRACE_SECONDS:g}",
+            "OUTBOX_RELAY_HTTP_PORT": str(port),
+        },
+        log,
+        port,
+    )
+
+
+def _drain(the_run: Run) -> str | None:
+    """After the writer stopped: wait (up to :data:`DRAIN_SECONDS`) until the outbox is
+    empty (everything delivered, by CDC or the relay) and CDC confirmed the WAL written up to
+    now. None when done, else what was left."""
+    conninfo = the_run.database.conninfo
+    deadline = time.monotonic() + DRAIN_SECONDS
+    left = -1
+    try:
+        wal = current_wal(conninfo)
+        while time.monotonic() < deadline:
+            with psycopg.connect(conninfo, connect_timeout=5) as connection:
+                row = connection.execute("SELECT count(*) FROM outbox.outbox").fetchone()
+            left = int(row[0]) if row is not None else -1
+            if left == 0:
+                break
+            time.sleep(1)
+        confirmed = wait_for_slot(conninfo, the_run.connector.slot_name, wal, until=deadline)
+    except psycopg.Error as error:
+        return f"not checked: {type(error).__name__}: {error}"
+    problems = []
+    if left != 0:
+        problems.append(f"{left} rows still in the outbox")
+    if not confirmed:
+        problems.append("CDC did not confirm the last WAL")
+    return f"after {DRAIN_SECONDS:.0f} s: " + ", ".join(problems) if problems else None
+
+
+def _check_lake(the_run: Run, writer: LoadWriter) -> LakeCheck | str:
+    """The lake job once over the run's topics, its ``events`` table against the committed
+    events: the comparison, or why there is none."""
+    root = the_run.folder / "lake"
+    services = the_run.services
+    typer.echo(f"lake: ingesting {LAKE_TOPIC_PATTERN} into {root}")
+    started = time.monotonic()
+    code, said = run_lake(
+        root,
+        services.bootstrap_servers,
+        services.settings.downloads_root,
+        the_run.folder / "lake-ingest.log",
+        LAKE_TIMEOUT_SECONDS,
+    )
+    typer.echo(f"lake: {said} ({time.monotonic() - started:.0f} s, exit {code})")
+    if code != 0:
+        return f"lake ingest failed (exit {code}): see {the_run.folder / 'lake-ingest.log'}"
+    try:
+        found = lake_events(root)
+    except Exception as error:  # whatever deltalake raises: no table is the finding
+        return f"lake's events table not read: {type(error).__name__}: {error}"
+    committed = writer.events + the_run.probes
+    return compare_lake(committed, writer.unknown | the_run.probes_unknown, found)
 
 
 def run(options: Options) -> int:
     """The whole run; its exit status."""
-    plan = plan_rounds(options.rounds, pauses=options.pauses, seed=options.seed, down=options.down)
+    plan = plan_rounds(options.rounds, kinds=options.kinds, seed=options.seed, down=options.down)
     folder, bound = options.folder, options.bound
     typer.echo(
-        f"cdc_recovery: {options.rounds} rounds, seed {options.seed}, bound {bound:.0f} s, "
-        f"stack {folder}"
+        f"cdc_recovery: {options.rounds} rounds ({options.kinds}), seed {options.seed}, "
+        f"bound {bound:.0f} s, "
+        + (
+            f"relay in auto mode (unblock idle {UNBLOCK_IDLE_SECONDS:.0f} s), judged by CDC "
+            "confirming the probe's WAL, "
+            if options.relay
+            else "no relay, "
+        )
+        + ("lake checked at the end, " if options.lake else "")
+        + f"stack {folder}"
     )
     cluster = PostgresCluster(StackSettings(dir=folder, postgres_port=free_port()))
     services: KafkaServices | None = None
+    relay: RelayRunner | None = None
+    relay_password = secrets.token_urlsafe(24)
+    evidence = folder / "evidence" / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{options.seed}"
     try:
         try:
-            services, database, connector = _start_stack(folder)
+            services, database, connector = _start_stack(folder, relay_password)
             cluster = services.cluster
         except (OutboxError, StackError, AssertionError, OSError) as error:
             typer.echo(f"error: the stack did not come up: {type(error).__name__}: {error}")
             return 2
+        if options.relay:
+            relay = _relay(services, database, connector, relay_password, evidence / "relay.log")
+            relay.start()
+            if not relay.wait_leading(timeout=90):
+                typer.echo(f"error: the relay does not lead within 90 s: {relay.how()}")
+                return 2
+            typer.echo(f"relay: leading (pid {relay.process.pid if relay.process else None})")
         writer = LoadWriter(database.conninfo, options.rate)
+        components: dict[str, Callable[[], bool]] = {
+            "PostgreSQL": functools.partial(_postmaster_running, cluster),
+            "broker": services.broker.process.is_running,
+            "Connect": services.connect.process.is_running,
+        }
+        explain: dict[str, Callable[[], str]] = {}
+        if relay is not None:
+            components["relay"] = relay.running
+            explain["relay"] = relay.how
         watch = ExitWatch(
-            {
-                "PostgreSQL": functools.partial(_postmaster_running, cluster),
-                "broker": services.broker.process.is_running,
-                "Connect": services.connect.process.is_running,
-            },
+            components,
             {"broker": services.broker.process, "Connect": services.connect.process},
+            explain,
         )
         the_run = Run(
             services,
@@ -1110,21 +1763,24 @@ def run(options: Options) -> int:
             connector,
             writer,
             watch,
-            folder / "evidence" / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{options.seed}",
+            evidence,
             options.bound,
             options.give_up,
             options.dump_after,
             options.aim,
+            relay,
         )
         writer.start()
         watch.start()
+        drained: str | None = None
         try:
             start = time.monotonic()
             probe = the_run.write_probe(0, until=start + bound)
-            if probe is None or not wait_for_probe(
-                services.bootstrap_servers, probe, until=start + bound
-            ):
-                typer.echo(f"error: CDC delivers no probe within {bound:.0f} s of the start")
+            if probe is None or not the_run.recovered(probe, until=start + bound):
+                typer.echo(
+                    f"error: CDC delivers no probe within {bound:.0f} s of the start: "
+                    + the_run.waiting_for(probe)
+                )
                 return 2
             typer.echo(f"CDC delivers: first probe after {time.monotonic() - start:.1f} s")
             for planned in plan:
@@ -1140,20 +1796,50 @@ def run(options: Options) -> int:
         finally:
             writer.stopping.set()
             writer.join(timeout=30)
+            if relay is not None or options.lake:
+                drained = _drain(the_run)
             watch.stop()
-        for line in summary_lines(the_run.results, exits=watch.exits, writer=writer.describe()):
+        exits = list(watch.exits)
+        if relay is not None:
+            stopped = relay.stop()
+            if stopped != 0:
+                exits.append(
+                    "relay: "
+                    + ("did not stop within 60 s of SIGTERM" if stopped is None else relay.how())
+                )
+            else:
+                typer.echo("relay: stopped cleanly (exit 0)")
+        for line in summary_lines(
+            the_run.results, exits=exits, writer=writer.describe(), planned=len(plan)
+        ):
             typer.echo(line)
+        if drained is not None:
+            typer.echo(f"drain: {drained}")
+        lake_ok = True
+        if options.lake:
+            checked = _check_lake(the_run, writer)
+            if isinstance(checked, str):
+                typer.echo(f"lake: FAILED: {checked}")
+                lake_ok = False
+            else:
+                typer.echo(checked.line())
+                for line in checked.details():
+                    typer.echo(line)
+                lake_ok = checked.ok
         if the_run.aborted:
             typer.echo(f"aborted: {the_run.aborted}")
         failed = (
             the_run.aborted
             or len(the_run.results) < len(plan)
             or not all(r.ok for r in the_run.results)
-            or watch.exits
+            or exits
             or writer.errors
+            or not lake_ok
         )
         return 1 if failed else 0
     finally:
+        if relay is not None:
+            relay.kill()
         _stop_stack(services, cluster)
 
 
@@ -1163,9 +1849,33 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 @app.command()
 def main(
     rounds: int = typer.Option(10, min=1, help="Rounds of faults."),
-    pauses: bool = typer.Option(False, help="Every other round pauses the broker instead."),
+    kinds: Annotated[
+        Kinds,
+        typer.Option(help="kill: kill rounds only; pause: pause rounds only; both: alternate."),
+    ] = Kinds.KILL,
+    pauses: bool = typer.Option(
+        False, help="Every other round pauses the broker instead (the same as --kinds both)."
+    ),
     seed: int | None = typer.Option(None, help="Seed of the rounds' timings (random: printed)."),
-    bound: float = typer.Option(120.0, min=10, help="Seconds CDC has, after both are back."),
+    relay: bool = typer.Option(
+        False,
+        help="Run our relay in auto mode all along (as operators run it); a round then "
+        "recovers when CDC itself confirms the WAL written up to its probe's commit (the "
+        "connector's slot), the probe on Kafka by either path.",
+    ),
+    lake: bool | None = typer.Option(
+        None,
+        help="At the end, ingest the run's topics into a lake once and check that it holds "
+        "every committed event exactly once (default: on with --relay).",
+    ),
+    bound: float | None = typer.Option(
+        None,
+        min=10,
+        help=f"Seconds CDC has, after both are back (default {BOUND_SECONDS:.0f}; with "
+        f"--relay {RELAY_BOUND_SECONDS:.0f}: the relay's unblock idle time, "
+        f"{UNBLOCK_IDLE_SECONDS:.0f} s, plus its look every 15 s, plus Connect's restart of "
+        "the task).",
+    ),
     give_up: float = typer.Option(
         600.0, min=10, help="Seconds a stalled round waits for CDC by itself before remedies."
     ),
@@ -1195,7 +1905,13 @@ def main(
     ),
 ) -> None:
     """Kill the broker and Connect (or pause the broker), round after round, and measure how
-    long CDC takes to deliver a fresh event by itself."""
+    long CDC takes to deliver a fresh event by itself (with --relay: with our relay running in
+    auto mode; bound 180 s by default = unblock idle 60 s + 15 s look + Connect's restart)."""
+    if pauses and kinds is not Kinds.KILL and kinds is not Kinds.BOTH:
+        raise typer.BadParameter("--pauses is --kinds both: give one of them")
+    if pauses:
+        kinds = Kinds.BOTH
+    chosen_bound = bound if bound is not None else RELAY_BOUND_SECONDS if relay else BOUND_SECONDS
     if debug_logs:
         _raise_logging()
     if connect_property:
@@ -1207,15 +1923,17 @@ def main(
         run(
             Options(
                 rounds=rounds,
-                pauses=pauses,
+                kinds=kinds,
                 seed=chosen,
-                bound=bound,
-                give_up=max(give_up, bound),
+                bound=chosen_bound,
+                give_up=max(give_up, chosen_bound),
                 dump_after=dump_after,
                 rate=rate,
                 aim=aim,
                 down=down,
                 folder=Path(folder).resolve() if folder else DEFAULT_DIR,
+                relay=relay,
+                lake=relay if lake is None else lake,
             )
         )
     )
