@@ -25,13 +25,18 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from outbox.core.contract import topic_for
 from outbox.core.errors import DeliveryTimeoutError, StackError
 from outbox.settings import KafkaSettings, OutboxSettings
 from outbox_lake.offsets import TOPIC_REPLACED
-from outbox_lake.report import OrderReport, count_event, count_events_since, order_report
+from outbox_lake.report import (
+    OrderReport,
+    count_event,
+    count_events_since,
+    order_report,
+)
 from outbox_lake.settings import LakeSettings
 from outbox_stack.local import LAKE_JOB_MARKER, LocalStack
 from outbox_stack.settings import StackSettings
@@ -44,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LAKE_JOB_READY",
+    "LAKE_JOB_WARM",
     "DemoPipeline",
 ]
 
@@ -58,6 +64,8 @@ ORDER_TYPE = "order"  # the example service's aggregate type
 WARM_UP_TYPE = "demo"  # aggregate type of the warm-up event (topic outbox.event.demo)
 # Logged by the demo's lake job once its first trigger has run (Spark up, source polled).
 LAKE_JOB_READY = "demo lake job: first trigger done"
+# Logged once each of the job's queries has finished a batch with data (the warm-up event's).
+LAKE_JOB_WARM = "demo lake job: every query has landed data"
 LAKE_JOB_STOPPED = "demo lake job stopped: "
 """Begins the job's last log line when an error of ours stopped it (the reason follows)."""
 
@@ -201,34 +209,49 @@ class DemoPipeline:
         offset = log_file.stat().st_size if log_file.exists() else 0
         self._log_offset = offset  # this run's part of the log starts there
         self.ingest.start([sys.executable, "-m", "outbox_stack.demo", LAKE_JOB_MARKER], env=env)
-        deadline = time.monotonic() + INGEST_START_TIMEOUT_SECONDS
+        if not self._await_log(LAKE_JOB_READY, INGEST_START_TIMEOUT_SECONDS):
+            tail = "\n".join(self.ingest.tail(20))
+            self.ingest.stop(timeout=30, group=True)
+            raise StackError(
+                f"the lake's ingest job did not start within "
+                f"{INGEST_START_TIMEOUT_SECONDS:.0f} s; see {log_file}:\n{tail}"
+            )
+
+    def _await_log(self, marker: str, timeout: float) -> bool:
+        """Wait until this run's part of the job's log holds ``marker``; False after
+        ``timeout`` seconds. A job that stopped raises why (and is stopped whole)."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with log_file.open("rb") as log:
-                log.seek(offset)
-                if LAKE_JOB_READY.encode() in log.read():
-                    return
+            with self.ingest.log_file.open("rb") as log:
+                log.seek(self._log_offset)
+                if marker.encode() in log.read():
+                    return True
             if not self.ingest.is_running():
                 error = self._stopped_job_error()
                 self.ingest.stop(timeout=30, group=True)  # Spark's JVM may outlive the job
                 raise error
             time.sleep(0.2)
-        tail = "\n".join(self.ingest.tail(20))
-        self.ingest.stop(timeout=30, group=True)
-        raise StackError(
-            f"the lake's ingest job did not start within {INGEST_START_TIMEOUT_SECONDS:.0f} s; "
-            f"see {log_file}:\n{tail}"
-        )
+        return False
 
     def warm_up(self) -> None:
-        """One event of type ``demo`` through the whole path, into the lake: the lake job's
-        first batch with data starts Spark's Python workers (seconds), which a long-running
-        job has long done; the orders' latency then shows the freshness of a running job."""
+        """One event of type ``demo`` through the whole path, into ``events`` and its typed
+        table: each query's first batch with data loads classes, compiles code and starts
+        Spark's Python workers (together 20 to 30 s on two cores; the first commit of each
+        is followed by seconds of Delta's first snapshot), which a long-running job has long
+        done. The job logs :data:`LAKE_JOB_WARM` once both queries have finished such a
+        batch; the orders' latency then shows the freshness of a running job."""
         from outbox import Event, Outbox
 
         event = Event(WARM_UP_TYPE, "warm-up", "LakeWarmUp", {"purpose": "start the lake job"})
         with self.engine.begin() as connection:
             Outbox(self.settings).publish(connection, event)
-        self._await_in_lake(lambda: count_event(self.lake_settings, str(event.event_id)), 1)
+        event_id = str(event.event_id)
+        self._await_in_lake(lambda: count_event(self.lake_settings, event_id), 1)
+        if not self._await_log(LAKE_JOB_WARM, LAKE_CATCH_UP_TIMEOUT_SECONDS):
+            raise DeliveryTimeoutError(
+                f"the lake job's typed tables did not take the warm-up event within "
+                f"{LAKE_CATCH_UP_TIMEOUT_SECONDS:.0f} s; see {self.ingest.log_file}"
+            )
 
     def place_orders(self, orders: int, on_progress: Callable[[int], None]) -> RunSummary:
         """Run the example order service; its summary (placed, paid, rejected, duplicates)."""
@@ -393,16 +416,29 @@ def run_lake_job() -> None:
     from outbox_lake.session import spark_session
     from outbox_relay.logs import configure_json_logging
 
-    class FirstTrigger(StreamingQueryListener):
-        told = False
+    class Markers(StreamingQueryListener):
+        """Logs :data:`LAKE_JOB_READY` at the first progress of any query, and
+        :data:`LAKE_JOB_WARM` once each of the job's two queries has reported a batch with
+        input rows (a progress event comes once a batch is over, its commit included)."""
+
+        def __init__(self) -> None:
+            self.ready = False
+            self.with_data: set[str] = set()
 
         def onQueryStarted(self, event: object) -> None:
             pass
 
-        def onQueryProgress(self, event: object) -> None:
-            if not self.told:
-                logging.getLogger("outbox.demo").info(LAKE_JOB_READY)
-                self.told = True
+        def onQueryProgress(self, event: Any) -> None:
+            log = logging.getLogger("outbox.demo")
+            if not self.ready:
+                log.info(LAKE_JOB_READY)
+                self.ready = True
+            progress = getattr(event, "progress", None)
+            if progress is None or progress.numInputRows <= 0 or len(self.with_data) >= 2:
+                return
+            self.with_data.add(str(progress.name))
+            if len(self.with_data) == 2:
+                log.info(LAKE_JOB_WARM)
 
         def onQueryIdle(self, event: object) -> None:
             self.onQueryProgress(event)
@@ -424,7 +460,7 @@ def run_lake_job() -> None:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
     spark = spark_session(settings)
-    spark.streams.addListener(FirstTrigger())
+    spark.streams.addListener(Markers())
     try:
         Ingest(spark, settings, kafka).run(stop)
     except OutboxError as error:
