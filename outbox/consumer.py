@@ -55,6 +55,7 @@ from outbox.core.statements import OutboxStatements
 from outbox.core.text import storable_text
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox.settings import KafkaSettings, OutboxSettings, kafka_settings
+from outbox.tracing import processing
 
 __all__ = ["ConsumerStats", "IdempotentConsumer", "ReceivedEvent"]
 
@@ -170,6 +171,7 @@ class IdempotentConsumer(Generic[T]):
         if max_attempts < 1:
             raise ConfigurationError(f"max_attempts={max_attempts} must be at least 1")
         self.name = name
+        self._group = group_id
         self.stats = ConsumerStats()
         self._begin = begin
         self._handler = handler
@@ -209,10 +211,18 @@ class IdempotentConsumer(Generic[T]):
     # -- one record ------------------------------------------------------------------------
 
     def _handle(self, record: KafkaRecord, stop: threading.Event | None) -> None:
-        event = decode_event(record)
-        if isinstance(event, Undecodable):
-            self._dead_letter(record, None, f"not an outbox record: {event.reason}", 1, stop)
-            return
+        with processing(record, consumer=self.name, group=self._group) as span:
+            event = decode_event(record)
+            if isinstance(event, Undecodable):
+                self._dead_letter(record, None, f"not an outbox record: {event.reason}", 1, stop)
+                span.outcome("dead-lettered")
+                return
+            span.outcome(self._handle_event(record, event, stop), event_id=str(event.event_id))
+
+    def _handle_event(
+        self, record: KafkaRecord, event: ReceivedEvent, stop: threading.Event | None
+    ) -> str:
+        """Apply ``event`` once (or dead-letter it); the outcome (:data:`CONSUMER_OUTCOMES`)."""
         digest = content_digest(record.key, record.value, record.headers)
         attempts = 0
         backoff = self._backoff
@@ -243,15 +253,18 @@ class IdempotentConsumer(Generic[T]):
                     )
                     if attempts >= self._max_attempts:
                         self._dead_letter(record, event, reason, attempts, stop)
-                        return
+                        return "dead-lettered"
             _pause(backoff, stop)
             backoff = min(backoff * 2, 5.0)
         if claimed is Claim.NEW:
             self.stats.applied += 1
-        elif claimed is Claim.DUPLICATE:
+            return "handled"
+        if claimed is Claim.DUPLICATE:
             self.stats.duplicates += 1
-        else:  # nothing was written: the claim found is another copy's
-            self._dead_letter(record, event, conflict_reason(event.event_id), 1, stop)
+            return "duplicate"
+        # nothing was written: the claim found is another copy's
+        self._dead_letter(record, event, conflict_reason(event.event_id), 1, stop)
+        return "dead-lettered"
 
     def _claim(self, transaction: T, event: ReceivedEvent, digest: str) -> Claim:
         try:

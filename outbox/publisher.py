@@ -33,6 +33,7 @@ from outbox.core.lake_contract import INT64_MAX, INT64_MIN, payload_problems, sc
 from outbox.core.protocol import Rows, attached_rows, delete_expired, publish_events
 from outbox.core.statements import ROW_PARAMETERS, OutboxStatements, Statement, encode_batch
 from outbox.settings import OutboxSettings
+from outbox.tracing import creating
 
 __all__ = ["AsyncOutbox", "Outbox"]
 
@@ -191,7 +192,8 @@ class Outbox(_OutboxBase):
 
     def publish_many(self, transaction: object, events: Iterable[Event]) -> list[PublishResult]:
         """Write ``events`` in one statement, in order; one result per event, in order."""
-        return drive(self._publish(events), sync_executor(transaction))
+        with creating(list(events)) as traced:
+            return drive(self._publish(traced), sync_executor(transaction))
 
     def execute(
         self,
@@ -210,8 +212,9 @@ class Outbox(_OutboxBase):
         """
         _psycopg_only(connection, "execute")
         check_psycopg_transaction(connection)
-        statement, arguments = self._attach(connection, query, params, events)
-        return connection.execute(statement, arguments)
+        with creating(list(events)) as traced:
+            statement, arguments = self._attach(connection, query, params, traced)
+            return connection.execute(statement, arguments)
 
     def delete_expired_dedup_keys(self, transaction: object) -> int:
         """Forget dedup keys older than the window; return how many were deleted."""
@@ -230,7 +233,8 @@ class AsyncOutbox(_OutboxBase):
         self, transaction: object, events: Iterable[Event]
     ) -> list[PublishResult]:
         """Write ``events`` in one statement, in order; one result per event, in order."""
-        return await drive_async(self._publish(events), await async_executor(transaction))
+        with creating(list(events)) as traced:
+            return await drive_async(self._publish(traced), await async_executor(transaction))
 
     async def execute(
         self,
@@ -243,8 +247,9 @@ class AsyncOutbox(_OutboxBase):
         """Run your own statement with ``events`` attached: one statement, one round trip."""
         _psycopg_only(connection, "execute")
         check_psycopg_transaction(connection)
-        statement, arguments = self._attach(connection, query, params, events)
-        return await connection.execute(statement, arguments)
+        with creating(list(events)) as traced:
+            statement, arguments = self._attach(connection, query, params, traced)
+            return await connection.execute(statement, arguments)
 
     async def delete_expired_dedup_keys(self, transaction: object) -> int:
         """Forget dedup keys older than the window; return how many were deleted."""

@@ -45,10 +45,10 @@ class ReconcileStatements:
 
     @property
     def outbox_row(self) -> str:
-        """One row by id (``%s``): aggregate, type, position, created_at, age."""
+        """One row by id (``%s``): aggregate, type, position, created_at, age, traceparent."""
         return (
             "SELECT aggregatetype, aggregateid, type, position, created_at, "
-            "extract(epoch FROM clock_timestamp() - created_at)::float8 "
+            "extract(epoch FROM clock_timestamp() - created_at)::float8, traceparent "
             f"FROM {self.tables.qualified_outbox} WHERE id = %s::uuid"
         )
 

@@ -13,6 +13,7 @@ reader can take at its word (a header name that is not UTF-8) is listed with its
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -61,11 +62,29 @@ class Lineage:
     def found(self) -> bool:
         return bool(self.outbox or self.dead_letter or self.kafka or self.lake or self.quarantine)
 
+    @property
+    def trace_id(self) -> str | None:
+        """The trace id of the event's ``traceparent`` (W3C), wherever one was found: the
+        id to look the event's trace up by in a tracing backend."""
+        places = [self.outbox or {}, *self.kafka, *self.lake]
+        for place in places:
+            found = _TRACE_ID.fullmatch(str(place.get("traceparent") or ""))
+            if found is not None:
+                return found.group(1)
+        return None
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "found": self.found}
+        return {**asdict(self), "found": self.found, "trace_id": self.trace_id}
 
     def lines(self) -> list[str]:
         out = [f"event {self.event_id} (built {self.event_time.isoformat()})"]
+        if self.found:
+            trace_id = self.trace_id
+            out.append(
+                f"  trace:       trace id {trace_id} (look it up in your tracing backend)"
+                if trace_id
+                else "  trace:       no traceparent (published outside a traced span)"
+            )
         if self.outbox and self.kafka:
             out.append(
                 "  outbox:      row kept until cleanup (delivered: on Kafka below; the relay "
@@ -100,9 +119,20 @@ class Lineage:
         return out
 
 
+_TRACE_ID = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def _header(record: KafkaRecord, name: str) -> str | None:
+    value = next((value for key, value in record.headers if key == name), None)
+    return value.decode("ascii", "replace") if value else None
+
+
 def _fields(found: Mapping[str, Any]) -> str:
-    """``name value, name value``: one place's facts on one line."""
-    return ", ".join(f"{name} {display_text(value)}" for name, value in found.items())
+    """``name value, name value``: one place's facts on one line (its ``traceparent`` is
+    the trace line's)."""
+    return ", ".join(
+        f"{name} {display_text(value)}" for name, value in found.items() if name != "traceparent"
+    )
 
 
 def _rows_of(table: DeltaTable, event_id: str, day: Any, columns: list[str]) -> list[Any]:
@@ -143,6 +173,7 @@ def _lake(sources: Sources, lineage: Lineage) -> None:
         "partition",
         "offset",
         "ingest_time",
+        "traceparent",
     ]
     if events is not None:
         lineage.lake = _rows_of(events, lineage.event_id, day, columns)
@@ -187,6 +218,7 @@ def _outbox(sources: Sources, lineage: Lineage) -> None:
                 "position",
                 "created_at",
                 "age_seconds",
+                "traceparent",
             )
             lineage.outbox = dict(zip(keys, row, strict=True))
         dead = connection.execute(statements.dead_letter, (lineage.event_id,)).fetchone()
@@ -268,6 +300,7 @@ def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
                             "offset": record.offset,
                             "timestamp": datetime.fromtimestamp(record.timestamp_ms / 1000, UTC),
                             "position": getattr(copy, "position", None),
+                            "traceparent": _header(record, "traceparent"),
                         }
                     )
 

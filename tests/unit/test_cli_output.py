@@ -44,3 +44,15 @@ def test_relay_health_names_the_address_it_tried() -> None:
     result = CliRunner().invoke(app, ["relay", "health"], env={"OUTBOX_RELAY_HTTP_PORT": str(port)})
     assert result.exit_code == 1
     assert f"no answer at http://127.0.0.1:{port}/healthz" in result.stdout
+
+
+def test_trace_prints_the_trace_id_of_the_event_s_traceparent() -> None:
+    built = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    traced = Lineage(EVENT, built, lake=[{"offset": 3, "traceparent": traceparent}], outbox=None)
+    text = "\n".join(traced.lines())
+    assert "trace id 0af7651916cd43dd8448eb211c80319c" in text
+    assert "b7ad6b7169203331" not in text  # the span id is not the trace's: not shown
+    assert traced.to_dict()["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    untraced = "\n".join(Lineage(EVENT, built, lake=[{"offset": 3, "traceparent": ""}]).lines())
+    assert "no traceparent" in untraced

@@ -25,6 +25,8 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Which extra each part needs; every other module of the wheel needs the base only.
 EXTRA_OF = {
     "outbox/consumer.py": "relay",
+    # optional: imported only where the API is installed (ImportError: no spans)
+    "outbox/tracing.py": "tracing",
     "outbox/kafka_reading.py": "relay",
     "outbox/kafka_clients.py": "relay",
     "outbox/kafka_login.py": "relay",
@@ -130,7 +132,7 @@ def test_every_part_named_here_exists() -> None:
     assert all((ROOT / part).exists() for part in EXTRA_OF), EXTRA_OF
 
 
-@pytest.mark.parametrize("extra", [None, "relay", "lake", "stack"])
+@pytest.mark.parametrize("extra", [None, "relay", "lake", "stack", "tracing"])
 def test_the_extra_installs_what_its_modules_import(extra: str | None) -> None:
     installed = installed_with(extra)
     provided_by = providers()

@@ -1,0 +1,164 @@
+"""OpenTelemetry spans of the SDK, by the messaging semantic conventions (optional).
+
+With ``opentelemetry-api`` installed (``pip install 'outbox-relay[tracing]'``) and an
+OpenTelemetry SDK configured by the application (``OTEL_*`` variables, an OTLP exporter),
+the SDK emits:
+
+- ``create <topic>``, kind PRODUCER, one per event ``publish``/``publish_many`` writes, as a
+  child of the caller's current span. Its context becomes the event's ``traceparent`` when
+  the caller gave none, so CDC and the relay carry it unchanged to Kafka and the lake;
+- ``process <topic>``, kind CONSUMER, one per record :class:`~outbox.IdempotentConsumer`
+  handles, a child of the context in the record's ``traceparent``, with the outcome
+  (``outbox.outcome``: ``handled``, ``duplicate`` or ``dead-lettered``); the handler runs
+  inside it, so its own spans (database calls) are the event's too.
+
+Without ``opentelemetry-api``, or with the API alone (no SDK: every span is a no-op), nothing
+is emitted, no ``traceparent`` is invented, and a publish costs one check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from outbox.core.contract import topic_for
+from outbox.core.event import Event
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+    from outbox.core.kafka_record import KafkaRecord
+
+__all__ = ["CONSUMER_OUTCOMES", "Processing", "creating", "processing", "traceparent_of"]
+
+SYSTEM = "kafka"
+CONSUMER_OUTCOMES = ("handled", "duplicate", "dead-lettered")
+
+
+@functools.cache
+def _tracer() -> Tracer | None:
+    """The SDK's tracer, or None without ``opentelemetry-api``. (The API hands out a proxy:
+    an SDK the application configures later is used from then on.)"""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    return trace.get_tracer("outbox")
+
+
+def traceparent_of(span: Span) -> str | None:
+    """``span``'s context as a W3C ``traceparent`` (None: the span has no valid context)."""
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+@contextlib.contextmanager
+def creating(events: Sequence[Event]) -> Iterator[list[Event]]:
+    """A PRODUCER span per event for the block that writes them; yields the events, those
+    without a ``traceparent`` given their span's. A failure of the block is recorded on each
+    span (error status) and raised."""
+    tracer = _tracer()
+    if tracer is None:
+        yield list(events)
+        return
+    from opentelemetry.trace import SpanKind
+
+    spans = []
+    traced = []
+    for event in events:
+        topic = topic_for(event.aggregate_type)
+        span = tracer.start_span(
+            f"create {topic}",
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "create",
+                "messaging.operation.name": "publish",
+                "messaging.destination.name": topic,
+                "messaging.message.id": str(event.event_id),
+                "messaging.kafka.message.key": event.aggregate_id,
+                "outbox.aggregate.type": event.aggregate_type,
+                "outbox.aggregate.id": event.aggregate_id,
+                "outbox.event.type": event.event_type,
+            },
+        )
+        spans.append(span)
+        traceparent = event.traceparent or traceparent_of(span)
+        traced.append(event if traceparent == event.traceparent else _with(event, traceparent))
+    try:
+        yield traced
+    except BaseException as error:
+        for span in spans:
+            _failed(span, error)
+        raise
+    finally:
+        for span in spans:
+            span.end()
+
+
+def _with(event: Event, traceparent: str | None) -> Event:
+    return replace(event, traceparent=traceparent)
+
+
+class Processing:
+    """What :func:`processing` yields: set the record's outcome before the block ends."""
+
+    def __init__(self, span: Span | None) -> None:
+        self.span = span
+
+    def outcome(self, outcome: str, *, event_id: str | None = None) -> None:
+        if self.span is None:
+            return
+        self.span.set_attribute("outbox.outcome", outcome)
+        if event_id is not None:
+            self.span.set_attribute("messaging.message.id", event_id)
+
+
+@contextlib.contextmanager
+def processing(record: KafkaRecord, *, consumer: str, group: str) -> Iterator[Processing]:
+    """A CONSUMER span, current for the block, child of the record's ``traceparent``."""
+    tracer = _tracer()
+    if tracer is None:
+        yield Processing(None)
+        return
+    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier = {
+        name: value.decode("ascii", "replace")
+        for name, value in record.headers
+        if name == "traceparent" and value
+    }
+    parent = TraceContextTextMapPropagator().extract(carrier) if carrier else None
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": record.topic,
+        "messaging.destination.partition.id": str(record.partition),
+        "messaging.kafka.offset": record.offset,
+        "messaging.consumer.group.name": group,
+        "outbox.consumer": consumer,
+    }
+    with tracer.start_as_current_span(
+        f"process {record.topic}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=True,
+        set_status_on_exception=True,
+    ) as span:
+        yield Processing(span)
+
+
+def _failed(span: Span, error: BaseException) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    if isinstance(error, Exception):
+        span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, type(error).__name__))

@@ -1,0 +1,85 @@
+"""OpenTelemetry on the real stack: an event published inside a service's span keeps that
+trace through PostgreSQL, the polling relay and Kafka, and the consumer's span, with the
+handler's own work under it, is in the service's trace. Spans are read back from the SDK's
+in-memory exporter (tests/otel_spans.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+import sqlalchemy as sa
+from kafka import KafkaProducer
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from sqlalchemy.orm import Session
+
+from outbox import Event, Outbox
+from outbox.consumer import IdempotentConsumer, ReceivedEvent
+from outbox.core.contract import topic_for
+from outbox.tracing import traceparent_of
+from tests.fix_relay import RelayBench, wait_until
+from tests.integration.test_consumer import FAST_GROUP, drain
+from tests.kafka_read import read_until
+from tests.otel_spans import installed
+
+
+def test_one_trace_from_the_service_through_the_relay_to_the_consumer(
+    relay_bench: RelayBench,
+) -> None:
+    spans = installed()
+    aggregate_type = f"tr{uuid.uuid4().hex[:10]}"
+    topic = topic_for(aggregate_type)
+    bootstrap = relay_bench.kafka.bootstrap_servers
+    service = trace.get_tracer("order-service")
+    with service.start_as_current_span("place order") as placing:
+        with relay_bench.database.connect() as connection, connection.transaction():
+            event = Event(aggregate_type, "o-1", "OrderPlaced", {"total": 3})
+            Outbox().publish(connection, event)
+    trace_id = placing.get_span_context().trace_id
+    (produced,) = [s for s in spans.get_finished_spans() if s.kind is SpanKind.PRODUCER]
+    assert produced.context.trace_id == trace_id
+    assert produced.attributes is not None
+    assert produced.attributes["messaging.message.id"] == str(event.event_id)
+
+    with relay_bench.in_thread():
+        wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="relayed")
+    (record,) = read_until(bootstrap, topic, lambda r: len(r) >= 1, timeout=60)
+    assert dict(record.headers)["traceparent"].decode() == traceparent_of(produced)  # type: ignore[arg-type]
+    # a second copy, as a relay/CDC handover would deliver it
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(topic, key=record.key, value=record.value, headers=record.headers)
+    producer.flush()
+    producer.close()
+
+    engine = sa.create_engine(relay_bench.database.url)
+    handling = trace.get_tracer("billing")
+
+    def handler(session: Session, received: ReceivedEvent) -> None:
+        with handling.start_as_current_span("bill order"):
+            session.execute(sa.text("SELECT 1"))
+
+    consumer = IdempotentConsumer(
+        name="traced",
+        group_id=f"traced-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        bootstrap_servers=bootstrap,
+        begin=sa.orm.sessionmaker(engine).begin,
+        handler=handler,
+        consumer_options=FAST_GROUP,
+    )
+    try:
+        drain(consumer, lambda: consumer.stats.applied + consumer.stats.duplicates >= 2)
+    finally:
+        consumer.close()
+        engine.dispose()
+    processed = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    assert [s.attributes["outbox.outcome"] for s in processed if s.attributes] == [
+        "handled",
+        "duplicate",
+    ]
+    for span in processed:
+        assert span.context.trace_id == trace_id
+        assert span.parent is not None and span.parent.span_id == produced.context.span_id
+        assert span.name == f"process {topic}"
+    (billed,) = [s for s in spans.get_finished_spans() if s.name == "bill order"]
+    assert billed.parent is not None and billed.parent.span_id == processed[0].context.span_id
