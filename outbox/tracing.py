@@ -7,6 +7,9 @@ the SDK emits:
 - ``create <topic>``, kind PRODUCER, one per event ``publish``/``publish_many`` writes, as a
   child of the caller's current span. Its context becomes the event's ``traceparent`` when
   the caller gave none, so CDC and the relay carry it unchanged to Kafka and the lake;
+- ``send``, kind PRODUCER, one per batch the polling relay sends (the relay is yours to
+  instrument: ``opentelemetry-instrument outbox relay run``), linked to the events' own
+  contexts (the first :data:`MAX_LINKS` of the batch), with the counts delivered and retried;
 - ``process <topic>``, kind CONSUMER, one per record :class:`~outbox.IdempotentConsumer`
   handles, a child of the context in the record's ``traceparent``, with the outcome
   (``outbox.outcome``: ``handled``, ``duplicate`` or ``dead-lettered``); the handler runs
@@ -28,14 +31,24 @@ from outbox.core.contract import topic_for
 from outbox.core.event import Event
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Span, SpanContext, Tracer
 
     from outbox.core.kafka_record import KafkaRecord
 
-__all__ = ["CONSUMER_OUTCOMES", "Processing", "creating", "processing", "traceparent_of"]
+__all__ = [
+    "CONSUMER_OUTCOMES",
+    "MAX_LINKS",
+    "Processing",
+    "creating",
+    "processing",
+    "sending",
+    "traceparent_of",
+]
 
 SYSTEM = "kafka"
 CONSUMER_OUTCOMES = ("handled", "duplicate", "dead-lettered")
+MAX_LINKS = 128
+"""Links a batch's span carries at most (a trace backend keeps a bounded number anyway)."""
 
 
 @functools.cache
@@ -154,6 +167,48 @@ def processing(record: KafkaRecord, *, consumer: str, group: str) -> Iterator[Pr
         set_status_on_exception=True,
     ) as span:
         yield Processing(span)
+
+
+@contextlib.contextmanager
+def sending(traceparents: Sequence[bytes]) -> Iterator[Span | None]:
+    """A PRODUCER span ``send`` for a batch of records, current for the block, linked to the
+    contexts of the ``traceparents`` (W3C, as the outbox stores them; empty: none) of its
+    first :data:`MAX_LINKS` records; None without ``opentelemetry-api``."""
+    tracer = _tracer()
+    if tracer is None:
+        yield None
+        return
+    from opentelemetry.trace import SpanKind
+
+    with tracer.start_as_current_span(
+        "send",
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+            "messaging.batch.message_count": len(traceparents),
+        },
+    ) as span:
+        if span.is_recording():  # with no SDK, no link is parsed
+            for traceparent in traceparents[:MAX_LINKS]:
+                context = _context_of(traceparent)
+                if context is not None:
+                    span.add_link(context)
+        yield span
+
+
+def _context_of(traceparent: bytes) -> SpanContext | None:
+    """The span context a stored ``traceparent`` names, or None (none, or not W3C)."""
+    if not traceparent:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier = {"traceparent": traceparent.decode("ascii", "replace")}
+    context = trace.get_current_span(TraceContextTextMapPropagator().extract(carrier))
+    found = context.get_span_context()
+    return found if found.is_valid else None
 
 
 def _failed(span: Span, error: BaseException) -> None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Collection
 
 from outbox.settings import KafkaSettings
+from outbox.tracing import sending
 from outbox_relay.database import OutboxRow
 from outbox_relay.horizon import Horizon
 from outbox_relay.metrics import RelayMetrics
@@ -61,7 +62,14 @@ class Sender:
         if self._producer is None:
             self._producer = ContractProducer(self._kafka, self._settings)
         started = time.monotonic()
-        outcome = self._producer.publish(rows)
+        with sending([row.traceparent for row in rows]) as span:
+            outcome = self._producer.publish(rows)
+            if span is not None:
+                span.set_attribute("outbox.delivered", len(outcome.delivered))
+                span.set_attribute("outbox.retried", len(outcome.retry))
+                span.set_attribute("outbox.rejected", len(outcome.rejected))
+                if outcome.failure is not None:
+                    span.set_attribute("outbox.failure", outcome.failure[:300])
         if outcome.failure is not None:
             self.close()
             raise BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")

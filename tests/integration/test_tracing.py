@@ -1,7 +1,7 @@
 """OpenTelemetry on the real stack: an event published inside a service's span keeps that
-trace through PostgreSQL, the polling relay and Kafka, and the consumer's span, with the
-handler's own work under it, is in the service's trace. Spans are read back from the SDK's
-in-memory exporter (tests/otel_spans.py)."""
+trace through PostgreSQL, the polling relay (whose batch span links to it) and Kafka, and
+the consumer's span, with the handler's own work under it, is in the service's trace. Spans
+are read back from the SDK's in-memory exporter (tests/otel_spans.py)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ def test_one_trace_from_the_service_through_the_relay_to_the_consumer(
     with relay_bench.in_thread():
         wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="relayed")
     (record,) = read_until(bootstrap, topic, lambda r: len(r) >= 1, timeout=60)
+    # the relay's batch span links to the event's context
+    sent = [s for s in spans.get_finished_spans() if s.name == "send"]
+    linked = [
+        s for s in sent if any(link.context.span_id == produced.context.span_id for link in s.links)
+    ]
+    assert len(linked) == 1, sent
+    assert linked[0].attributes is not None and linked[0].attributes["outbox.delivered"] == 1
     assert dict(record.headers)["traceparent"].decode() == traceparent_of(produced)  # type: ignore[arg-type]
     # a second copy, as a relay/CDC handover would deliver it
     producer = KafkaProducer(bootstrap_servers=bootstrap)
