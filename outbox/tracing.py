@@ -10,6 +10,9 @@ the SDK emits:
 - ``send``, kind PRODUCER, one per batch the polling relay sends (the relay is yours to
   instrument: ``opentelemetry-instrument outbox relay run``), linked to the events' own
   contexts (the first :data:`MAX_LINKS` of the batch), with the counts delivered and retried;
+- ``process outbox lake``, kind CONSUMER, one per micro-batch of the lake job (run under
+  ``opentelemetry-instrument outbox lake ingest``), with its records, events landed,
+  duplicates and records set aside, linked to a sample of the events it landed;
 - ``process <topic>``, kind CONSUMER, one per record :class:`~outbox.IdempotentConsumer`
   handles, a child of the context in the record's ``traceparent``, with the outcome
   (``outbox.outcome``: ``handled``, ``duplicate`` or ``dead-lettered``); the handler runs
@@ -40,7 +43,10 @@ __all__ = [
     "MAX_LINKS",
     "Processing",
     "creating",
+    "landing",
+    "link",
     "processing",
+    "recording",
     "sending",
     "traceparent_of",
 ]
@@ -174,38 +180,70 @@ def sending(traceparents: Sequence[bytes]) -> Iterator[Span | None]:
     """A PRODUCER span ``send`` for a batch of records, current for the block, linked to the
     contexts of the ``traceparents`` (W3C, as the outbox stores them; empty: none) of its
     first :data:`MAX_LINKS` records; None without ``opentelemetry-api``."""
+    with _batch("send", "send", len(traceparents)) as span:
+        if span is not None:
+            link(span, traceparents)
+        yield span
+
+
+@contextlib.contextmanager
+def landing() -> Iterator[Span | None]:
+    """A CONSUMER span ``process outbox lake`` for one micro-batch of the lake job, current
+    for the block (the caller adds its counts, and links a sample of its events: :func:`link`);
+    None without ``opentelemetry-api``."""
+    with _batch("process", "process outbox lake", None) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def _batch(operation: str, name: str, count: int | None) -> Iterator[Span | None]:
     tracer = _tracer()
     if tracer is None:
         yield None
         return
     from opentelemetry.trace import SpanKind
 
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": operation,
+        "messaging.operation.name": operation,
+    }
+    if count is not None:
+        attributes["messaging.batch.message_count"] = count
     with tracer.start_as_current_span(
-        "send",
-        kind=SpanKind.PRODUCER,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
-            "messaging.batch.message_count": len(traceparents),
-        },
+        name,
+        kind=SpanKind.PRODUCER if operation == "send" else SpanKind.CONSUMER,
+        attributes=attributes,
     ) as span:
-        if span.is_recording():  # with no SDK, no link is parsed
-            for traceparent in traceparents[:MAX_LINKS]:
-                context = _context_of(traceparent)
-                if context is not None:
-                    span.add_link(context)
         yield span
 
 
-def _context_of(traceparent: bytes) -> SpanContext | None:
+def recording(span: Span | None) -> bool:
+    """Whether an SDK records ``span`` (what is only worth computing for it)."""
+    return span is not None and span.is_recording()
+
+
+def link(span: Span, traceparents: Sequence[bytes | str]) -> None:
+    """Link ``span`` to the contexts of the first :data:`MAX_LINKS` ``traceparents`` (when
+    an SDK records it: with none, nothing is parsed)."""
+    if not span.is_recording():
+        return
+    for traceparent in traceparents[:MAX_LINKS]:
+        context = _context_of(traceparent)
+        if context is not None:
+            span.add_link(context)
+
+
+def _context_of(traceparent: bytes | str) -> SpanContext | None:
     """The span context a stored ``traceparent`` names, or None (none, or not W3C)."""
     if not traceparent:
         return None
+    if isinstance(traceparent, bytes):
+        traceparent = traceparent.decode("ascii", "replace")
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    carrier = {"traceparent": traceparent.decode("ascii", "replace")}
+    carrier = {"traceparent": traceparent}
     context = trace.get_current_span(TraceContextTextMapPropagator().extract(carrier))
     found = context.get_span_context()
     return found if found.is_valid else None

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import OutboxError
+from outbox.tracing import MAX_LINKS, landing, link, recording
 from outbox_lake.delta_writes import (
     IdRange,
     append,
@@ -57,6 +58,7 @@ from outbox_lake.tables import EVENTS_TABLE, QUARANTINE_TABLE
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
+    from opentelemetry.trace import Span
     from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = ["BatchShape", "EventsSink", "content_digest", "quarantine_id"]
@@ -173,12 +175,13 @@ class EventsSink:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         try:
-            self._batch(frame, batch_id)
+            with landing() as span:
+                self._batch(frame, batch_id, span)
         except OutboxError as error:  # ours, typed: the loop raises it as it is
             self.failure = error
             raise
 
-    def _batch(self, frame: DataFrame, batch_id: int) -> None:
+    def _batch(self, frame: DataFrame, batch_id: int, span: Span | None) -> None:
         started = time.monotonic()
         self.timings: dict[str, float] = {}
         with self._timed("plan"):
@@ -194,6 +197,8 @@ class EventsSink:
             with self._timed("check"):
                 topic_ids = self.check(shape, self.known())
             counts = self._write(frame.sparkSession, read, frame, shape, topic_ids)
+            if span is not None and recording(span):
+                _describe(span, batch_id, shape, counts, read)
         finally:
             with self._timed("unpersist"):
                 read.unpersist()
@@ -361,6 +366,26 @@ class EventsSink:
         return append_absent(
             self.settings, self.quarantine_uri, rows, "quarantine_id", QUARANTINE_TABLE.names
         )
+
+
+def _describe(
+    span: Span, batch_id: int, shape: BatchShape, counts: Mapping[str, int], read: DataFrame
+) -> None:
+    """The batch's span (recorded by an SDK): its counts, and links to a sample of its
+    events' traces (one small read of the cached batch, only when traced)."""
+    span.set_attribute("outbox.lake.batch_id", batch_id)
+    span.set_attribute("messaging.batch.message_count", shape.records)
+    span.set_attribute("outbox.lake.events_landed", counts.get("new", 0))
+    span.set_attribute("outbox.lake.duplicates", counts.get("duplicate", 0))
+    span.set_attribute("outbox.lake.set_aside", counts.get("record", 0))
+    span.set_attribute("outbox.lake.conflicting", counts.get("conflicting", 0))
+    sample = (
+        read.where("decided AND traceparent IS NOT NULL AND traceparent <> ''")
+        .select("traceparent")
+        .limit(MAX_LINKS)
+        .collect()
+    )
+    link(span, [row["traceparent"] for row in sample])
 
 
 _CACHED = ("decided", *EVENT_FIELDS, "topic", "partition", "offset", "key", "fingerprint")

@@ -1,15 +1,18 @@
 """OpenTelemetry on the real stack: an event published inside a service's span keeps that
 trace through PostgreSQL, the polling relay (whose batch span links to it) and Kafka, and
-the consumer's span, with the handler's own work under it, is in the service's trace. Spans
-are read back from the SDK's in-memory exporter (tests/otel_spans.py)."""
+the consumer's span, with the handler's own work under it, is in the service's trace; the
+lake job's batch span links to it too. Spans are read back from the SDK's in-memory exporter
+(tests/otel_spans.py)."""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import sqlalchemy as sa
 from kafka import KafkaProducer
 from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from sqlalchemy.orm import Session
 
@@ -17,16 +20,21 @@ from outbox import Event, Outbox
 from outbox.consumer import IdempotentConsumer, ReceivedEvent
 from outbox.core.contract import topic_for
 from outbox.tracing import traceparent_of
+from tests.fix_lake import ingested, lake_env, rows
 from tests.fix_relay import RelayBench, wait_until
 from tests.integration.test_consumer import FAST_GROUP, drain
 from tests.kafka_read import read_until
-from tests.otel_spans import installed
+from tests.otel_spans import traced
 
 
 def test_one_trace_from_the_service_through_the_relay_to_the_consumer(
     relay_bench: RelayBench,
 ) -> None:
-    spans = installed()
+    with traced() as spans:
+        _one_trace(relay_bench, spans)
+
+
+def _one_trace(relay_bench: RelayBench, spans: InMemorySpanExporter) -> None:
     aggregate_type = f"tr{uuid.uuid4().hex[:10]}"
     topic = topic_for(aggregate_type)
     bootstrap = relay_bench.kafka.bootstrap_servers
@@ -90,3 +98,32 @@ def test_one_trace_from_the_service_through_the_relay_to_the_consumer(
         assert span.name == f"process {topic}"
     (billed,) = [s for s in spans.get_finished_spans() if s.name == "bill order"]
     assert billed.parent is not None and billed.parent.span_id == processed[0].context.span_id
+
+
+def test_the_lake_job_s_batch_span_links_to_the_events_it_landed(
+    relay_bench: RelayBench, tmp_path: Path
+) -> None:
+    prefix = f"lt{uuid.uuid4().hex[:8]}"
+    with traced() as spans:
+        service = trace.get_tracer("order-service")
+        with service.start_as_current_span("place orders"):
+            with relay_bench.database.connect() as connection, connection.transaction():
+                Outbox().publish_many(
+                    connection, [Event(prefix, str(n), "OrderPlaced", {"n": n}) for n in range(3)]
+                )
+        produced = {
+            s.context.span_id for s in spans.get_finished_spans() if s.kind is SpanKind.PRODUCER
+        }
+        assert len(produced) == 3
+        with relay_bench.in_thread():
+            wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="relayed")
+        lake = tmp_path / "lake"
+        ingested(lake_env(lake, prefix, relay_bench.kafka.bootstrap_servers))
+        batches = [s for s in spans.get_finished_spans() if s.name == "process outbox lake"]
+    assert len(rows(lake, "events")) == 3
+    landed = [s for s in batches if s.attributes and s.attributes["outbox.lake.events_landed"]]
+    assert len(landed) == 1, batches
+    (batch,) = landed
+    assert batch.kind is SpanKind.CONSUMER
+    assert batch.attributes is not None and batch.attributes["outbox.lake.events_landed"] == 3
+    assert {link.context.span_id for link in batch.links} == produced

@@ -16,14 +16,21 @@ from outbox import Event
 from outbox.core.contract import record_for
 from outbox.core.kafka_record import KafkaRecord
 from outbox.tracing import creating, processing, traceparent_of
-from tests.otel_spans import installed
+from tests.otel_spans import traced
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = installed()
-    yield exporter
-    exporter.clear()
+    with traced() as exporter:
+        yield exporter
+
+
+def test_with_the_sdk_off_no_traceparent_is_invented() -> None:
+    with traced():
+        pass  # the process's provider is the tests' from here on, off outside `traced`
+    with creating([_event()]) as events:
+        pass
+    assert events[0].traceparent is None
 
 
 def _event(**changes: object) -> Event:
