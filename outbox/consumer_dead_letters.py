@@ -42,7 +42,7 @@ import json
 from collections.abc import Callable, Generator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from outbox._drivers import drive, sync_executor
@@ -62,6 +62,7 @@ __all__ = [
     "discard_dead_letters",
     "get_dead_letter",
     "list_dead_letters",
+    "refusal_to_replay",
     "replay_dead_letter",
     "replay_refusal",
 ]
@@ -207,6 +208,32 @@ def replay_refusal(
             "or produce it again with another client"
         )
     return None
+
+
+def refusal_to_replay(
+    letter: DeadLetterSummary | ConsumerDeadLetter,
+    settings: OutboxSettings,
+    *,
+    past_inbox_retention: bool = False,
+    now: datetime | None = None,
+) -> str | None:
+    """Why ``letter`` is not replayed now; ``None``: replay it. Its record is not the one
+    delivered (:func:`replay_refusal`), or (unless ``past_inbox_retention``) it is older than
+    the inbox keeps its claims (``OUTBOX_INBOX_RETENTION``): consumers that handled the event
+    may have forgotten it, and would handle the copy again."""
+    refusal = letter.replay_refusal()
+    if refusal is not None or past_inbox_retention:
+        return refusal
+    age = (now or datetime.now(UTC)) - letter.failed_at
+    if age <= settings.inbox_retention:
+        return None
+    return (
+        f"dead-lettered {age.total_seconds() / 86400:.1f} days ago, longer than the inbox "
+        f"keeps its claims (OUTBOX_INBOX_RETENTION: "
+        f"{settings.inbox_retention.total_seconds() / 86400:g} days): consumers that handled "
+        "the event may have forgotten it, and would handle the copy again. Check them, then "
+        "replay with --past-inbox-retention; or discard it"
+    )
 
 
 # -- reading and discarding -------------------------------------------------------------------

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from outbox.consumer_dead_letters import (
-        ConsumerDeadLetter,
         DeadLetterPlace,
         DeadLetterSummary,
     )
@@ -217,28 +216,6 @@ def show_command(
         typer.echo(_bytes_text(letter.value, keep="\n\t"))
 
 
-def _refusal(
-    letter: DeadLetterSummary | ConsumerDeadLetter, settings: OutboxSettings, past_retention: bool
-) -> str | None:
-    """Why ``letter`` is not replayed: not kept as delivered, or (without
-    ``--past-inbox-retention``) older than the inbox claims that make other consumers skip it."""
-    from datetime import UTC, datetime
-
-    refusal = letter.replay_refusal()
-    if refusal is not None or past_retention:
-        return refusal
-    age = datetime.now(UTC) - letter.failed_at
-    if age <= settings.inbox_retention:
-        return None
-    return (
-        f"dead-lettered {age.total_seconds() / 86400:.1f} days ago, longer than the inbox "
-        f"keeps its claims (OUTBOX_INBOX_RETENTION: "
-        f"{settings.inbox_retention.total_seconds() / 86400:g} days): consumers that handled "
-        "the event may have forgotten it, and would handle the copy again. Check them, then "
-        "replay with --past-inbox-retention; or discard it"
-    )
-
-
 PAST_RETENTION = typer.Option(
     False,
     "--past-inbox-retention",
@@ -276,6 +253,7 @@ def replay_command(
         Replayer,
         get_dead_letter,
         list_dead_letters,
+        refusal_to_replay,
         replay_dead_letter,
     )
 
@@ -288,13 +266,22 @@ def replay_command(
                     connection, consumer=consumer, limit=None, settings=settings
                 )
                 candidates = sorted(
-                    (item.place, _refusal(item, settings, past_retention)) for item in letters
+                    (
+                        item.place,
+                        refusal_to_replay(item, settings, past_inbox_retention=past_retention),
+                    )
+                    for item in letters
                 )
             else:
                 letter = get_dead_letter(connection, place, settings=settings)
                 if letter is None:
                     raise _no_such(place)
-                candidates = [(place, _refusal(letter, settings, past_retention))]
+                candidates = [
+                    (
+                        place,
+                        refusal_to_replay(letter, settings, past_inbox_retention=past_retention),
+                    )
+                ]
         refused = [(where, why) for where, why in candidates if why is not None]
         for where, why in refused:
             typer.secho(f"{where}: not replayed: {why}", err=True, fg="red")

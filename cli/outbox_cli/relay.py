@@ -87,29 +87,22 @@ def health(
     path: str = typer.Option("/healthz", "--path", help="/healthz or /readyz."),
 ) -> None:
     """Exit 0 when the local relay answers PATH with 200 (the container's health check)."""
-    import urllib.error
-    import urllib.request
-
+    from outbox_relay.probe import probe
     from outbox_relay.settings import RelaySettings
 
     settings = load(RelaySettings)
     if path not in {"/healthz", "/readyz"}:
         typer.secho("--path: /healthz or /readyz", err=True, fg="red")
         raise typer.Exit(2)
-    url = f"http://127.0.0.1:{settings.http_port}{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=3) as answer:
-            ok, body = answer.status == 200, answer.read().decode(errors="replace")
-    except urllib.error.HTTPError as error:
-        ok, body = False, error.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
-        ok, body = (
-            False,
-            f"not ok: no answer at {url} (is the relay running with OUTBOX_RELAY_HTTP_PORT="
-            f"{settings.http_port}?)",
+    answer = probe(f"http://127.0.0.1:{settings.http_port}", path)
+    body = answer.body
+    if not answer.answered:
+        body = (
+            f"not ok: no answer at {answer.url} (is the relay running with "
+            f"OUTBOX_RELAY_HTTP_PORT={settings.http_port}?)"
         )
     typer.echo(body.strip())  # "ok: leader: publishing (polling mode)" and the like
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(0 if answer.ok else 1)
 
 
 @dead_letters_app.command("list")

@@ -309,9 +309,9 @@ def test_stack_status_json_has_each_service_and_exits_1_when_one_is_down(
 
 
 def test_connect_status_lines_and_json_say_the_same() -> None:
-    from outbox_cli.connect import ConnectStatus, SlotState
     from outbox_connect.client import ConnectorState
     from outbox_connect.open_transactions import OpenTransaction
+    from outbox_connect.status import ConnectStatus, SlotState
 
     hanging = OpenTransaction(
         topic="connect-offsets",
@@ -346,7 +346,7 @@ def test_connect_status_lines_and_json_say_the_same() -> None:
 
 
 def test_connect_status_without_a_connector_broker_or_slot() -> None:
-    from outbox_cli.connect import ConnectStatus, SlotState
+    from outbox_connect.status import ConnectStatus, SlotState
 
     report = ConnectStatus("outbox", None, "connect-offsets", [], "Kafka is not reachable")
     assert report.lines() == [
