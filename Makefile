@@ -54,7 +54,7 @@ cdc-recovery: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy -p outbox -p outbox_cli -p outbox_connect -p outbox_examples -p outbox_lake -p outbox_migrations -p outbox_reconcile -p outbox_relay -p outbox_stack -p chaos -p tools
+	$(BIN)/mypy -p outbox -p outbox_cli -p outbox_connect -p outbox_console -p outbox_examples -p outbox_lake -p outbox_migrations -p outbox_reconcile -p outbox_relay -p outbox_stack -p chaos -p tools
 
 ## bench: every benchmark, then docs/benchmarks.md with plots and JSON results (ARGS=--quick: smoke sizes)
 bench: $(STAMP)

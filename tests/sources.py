@@ -16,6 +16,7 @@ PACKAGES = {
     "outbox": "outbox",
     "outbox_cli": "cli/outbox_cli",
     "outbox_connect": "connect/outbox_connect",
+    "outbox_console": "console/outbox_console",
     "outbox_examples": "examples/outbox_examples",
     "outbox_lake": "lake/outbox_lake",
     "outbox_migrations": "migrations/outbox_migrations",

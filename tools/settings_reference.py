@@ -96,6 +96,12 @@ COMPONENTS = [
         "`outbox reconcile`, `outbox trace`",
     ),
     Component(
+        "The console",
+        "outbox_console.settings",
+        "ConsoleSettings",
+        "`outbox console`",
+    ),
+    Component(
         "The local stack",
         "outbox_stack.settings",
         "StackSettings",

@@ -51,6 +51,10 @@ EXTRA_OF_LIBRARY = {
     "pandas": "lake",
     "numpy": "lake",
     "duckdb": "lake",
+    "starlette": "console",
+    "jinja2": "console",
+    "uvicorn": "console",
+    "multipart": "console",
 }
 
 

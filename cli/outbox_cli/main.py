@@ -16,7 +16,18 @@ from typing import Any
 
 import typer
 
-from outbox_cli import connect, consumer, db, demo, effects, lake, reconcile, relay, stack
+from outbox_cli import (
+    connect,
+    console,
+    consumer,
+    db,
+    demo,
+    effects,
+    lake,
+    reconcile,
+    relay,
+    stack,
+)
 from outbox_cli._common import DISTRIBUTION, friendly_errors, show_tracebacks
 
 app = typer.Typer(
@@ -57,6 +68,7 @@ app.add_typer(lake.app, name="lake")
 app.add_typer(effects.app, name="effects")
 app.add_typer(consumer.app, name="consumer")
 app.command("demo")(demo.run_demo)
+app.command("console")(console.run_console)
 reconcile.register(app)
 
 

@@ -108,6 +108,12 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["effects", "mark-done", "payments", EVENT, "charge"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["effects", "release", "payments", EVENT, "charge"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["demo"], BAD_STACK, "OUTBOX_STACK_POSTGRES_PORT"),
+    (["console"], {"OUTBOX_CONSOLE_HOST": "0.0.0.0"}, "OUTBOX_CONSOLE_TOKEN_FILE"),
+    (
+        ["console"],
+        {"OUTBOX_CONSOLE_TOKEN_FILE": "/nonexistent/console.token"},
+        "OUTBOX_CONSOLE_TOKEN_FILE",
+    ),
     (["reconcile"], {"OUTBOX_RECONCILE_EXAMPLES": "-1"}, "OUTBOX_RECONCILE_EXAMPLES"),
     (["reconcile", "--quiet"], NO_DATABASE, UNREACHABLE_DATABASE),
     (["trace", EVENT], NO_DATABASE, UNREACHABLE_DATABASE),

@@ -46,6 +46,8 @@ EXTRA_OF = {
     "stack/outbox_stack": "stack",
     "cli/outbox_cli/stack.py": "stack",
     "cli/outbox_cli/demo.py": "stack",
+    "console/outbox_console": "console",
+    "cli/outbox_cli/console.py": "console",
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
@@ -132,7 +134,7 @@ def test_every_part_named_here_exists() -> None:
     assert all((ROOT / part).exists() for part in EXTRA_OF), EXTRA_OF
 
 
-@pytest.mark.parametrize("extra", [None, "relay", "lake", "stack", "tracing"])
+@pytest.mark.parametrize("extra", [None, "relay", "lake", "stack", "tracing", "console"])
 def test_the_extra_installs_what_its_modules_import(extra: str | None) -> None:
     installed = installed_with(extra)
     provided_by = providers()
@@ -165,7 +167,7 @@ def test_the_cli_names_the_smallest_extra_of_every_library_an_extra_adds() -> No
     smallest extra that installs it."""
     from outbox_cli._common import EXTRA_OF_LIBRARY
 
-    order: list[str | None] = [None, "relay", "lake", "stack"]
+    order: list[str | None] = [None, "relay", "lake", "stack", "console"]
     provided_by = providers()
     wrong = []
     for extra in order[1:]:
