@@ -1,9 +1,10 @@
-"""One OpenTelemetry SDK for the whole test process, on only while a test asks for it.
+"""One OpenTelemetry SDK at a time for the test process, on only while a test asks for it.
 
 The global tracer provider can be set only once per process, and tests that share a worker
 process with a tracing test must see no SDK (no traceparent invented for their events). So
-the process's provider hands out tracers that delegate to the SDK while :func:`traced` is on,
-and to OpenTelemetry's no-op tracer otherwise; the spans are kept in memory."""
+the process's provider hands out tracers that delegate to the SDK of the :func:`traced` block
+under way, and to OpenTelemetry's no-op tracer otherwise. Each block's SDK keeps its spans
+in memory, and may also export them (to a real tracing backend)."""
 
 from __future__ import annotations
 
@@ -13,22 +14,20 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-EXPORTER = InMemorySpanExporter()
-_SDK = TracerProvider()
-_SDK.add_span_processor(SimpleSpanProcessor(EXPORTER))
-_ON = [False]
+_CURRENT: list[TracerProvider | None] = [None]
 
 
 class _SwitchedTracer(trace.Tracer):
-    def __init__(self, sdk: trace.Tracer) -> None:
-        self._sdk = sdk
+    def __init__(self, name: str) -> None:
+        self._name = name
         self._off = trace.NoOpTracer()
 
     def _now(self) -> trace.Tracer:
-        return self._sdk if _ON[0] else self._off
+        provider = _CURRENT[0]
+        return self._off if provider is None else provider.get_tracer(self._name)
 
     def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
         return self._now().start_span(*args, **kwargs)
@@ -40,23 +39,27 @@ class _SwitchedTracer(trace.Tracer):
 
 
 class _SwitchedProvider(trace.TracerProvider):
-    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
-        return _SwitchedTracer(_SDK.get_tracer(*args, **kwargs))
+    def get_tracer(self, name: str, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return _SwitchedTracer(name)
 
 
 _PROVIDER = _SwitchedProvider()
 
 
 @contextlib.contextmanager
-def traced() -> Iterator[InMemorySpanExporter]:
-    """The SDK on for the block (this process's tracer provider from the first call), its
-    spans in the exporter yielded; off again, and the spans dropped, after it."""
+def traced(*exporters: SpanExporter) -> Iterator[InMemorySpanExporter]:
+    """An SDK on for the block (this process's tracer provider from the first call), its
+    spans in the in-memory exporter yielded and sent to ``exporters`` as each ends; flushed
+    and off again after the block."""
     if trace.get_tracer_provider() is not _PROVIDER:
         trace.set_tracer_provider(_PROVIDER)
-    EXPORTER.clear()
-    _ON[0] = True
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    for exporter in (memory, *exporters):
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _CURRENT[0] = provider
     try:
-        yield EXPORTER
+        yield memory
     finally:
-        _ON[0] = False
-        EXPORTER.clear()
+        _CURRENT[0] = None
+        provider.shutdown()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from outbox.settings import KafkaSettings
 from outbox_stack.broker import KafkaBroker
 from outbox_stack.connect import ConnectWorker
+from outbox_stack.jaeger import JAEGER_VERSION, JaegerPorts, JaegerService, jaeger_binary
 from outbox_stack.object_store import SeaweedStore
 from outbox_stack.postgres import PostgresCluster
 from outbox_stack.process import ServiceProcess
@@ -83,6 +84,13 @@ class LocalStack:
         from then on: `status` shows it, `down` stops it)."""
         self.own_object_store = SeaweedStore(self.settings)
         self.object_store = self.own_object_store if self.settings.object_store else None
+        self.tracing = JaegerService(
+            self.settings.downloads_root / "go" / "bin" / f"jaeger-{JAEGER_VERSION}",
+            self.settings.root / "jaeger",
+            JaegerPorts.from_ui_port(self.settings.tracing_port),
+        )
+        """Jaeger, started by `up` when OUTBOX_STACK_TRACING is set (stopped by `down` in
+        any case)."""
 
     def up(self) -> list[ServiceLine]:
         self.postgres.up()
@@ -91,6 +99,9 @@ class LocalStack:
         if self.broker is not None:
             self.broker.up()
         self.connect.up(secrets={"OUTBOX_CONNECT_DATABASE_PASSWORD": self.cdc_password()})
+        if self.settings.tracing:
+            jaeger_binary(self.settings.downloads_root)  # built the first time
+            self.tracing.up()
         return self.status()
 
     def environment(self) -> dict[str, str]:
@@ -119,6 +130,16 @@ class LocalStack:
             "OUTBOX_CONNECT_URL": self.connect.rest_url,
             "OUTBOX_RELAY_DATABASE_PASSWORD": self.relay_password(),
             **local_lake,
+            **(self._tracing_environment() if self.settings.tracing else {}),
+        }
+
+    def _tracing_environment(self) -> dict[str, str]:
+        """OpenTelemetry's own variables, for an SDK (or `opentelemetry-instrument`) to send
+        spans to the stack's Jaeger over OTLP/HTTP."""
+        return {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.tracing.otlp_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_TRACES_EXPORTER": "otlp",
         }
 
     def cdc_password(self) -> str:
@@ -136,6 +157,7 @@ class LocalStack:
         self.connect.down()
         self.own_broker.down()  # started before an external cluster was set: still ours
         self.own_object_store.down()  # started before OUTBOX_STACK_OBJECT_STORE was unset
+        self.tracing.down()  # started before OUTBOX_STACK_TRACING was unset: stopped too
         for process in self._retired_processes():
             process.stop()
         self.postgres.down()
@@ -159,6 +181,7 @@ class LocalStack:
             self.own_broker.process,
             self.connect.process,
             self.own_object_store.process,
+            self.tracing.process,
             *self._retired_processes(),
         ):
             shutil.rmtree(process.home, ignore_errors=True)
@@ -202,6 +225,16 @@ class LocalStack:
                     store.pid,
                     str(self.object_store.process.log_file),
                     str(self.object_store.data_dir),
+                )
+            )
+        if self.settings.tracing:
+            lines.append(
+                ServiceLine(
+                    "jaeger",
+                    self.tracing.process.is_running(),
+                    f"{self.tracing.query_url} (UI), OTLP {self.tracing.otlp_endpoint}",
+                    self.tracing.process.pid(),
+                    str(self.tracing.process.log_file),
                 )
             )
         lines.append(

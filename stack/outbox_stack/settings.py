@@ -114,6 +114,14 @@ class StackSettings(BaseSettings):
     other listeners (all on loopback)."""
     object_store_start_timeout_seconds: float = Field(default=60.0, gt=0)
     """How long `up` waits for the object store."""
+    tracing: bool = False
+    """Also start Jaeger (all-in-one, spans in memory, every listener on loopback; built
+    once from source with Go into the downloads folder): `outbox stack env` then exports
+    the OpenTelemetry variables that send spans to it, and its UI is at
+    `http://127.0.0.1:<tracing_port>`."""
+    tracing_port: int = Field(default=16686, ge=1024, le=65532)
+    """Loopback port of Jaeger's UI and query API; the next three are its OTLP/HTTP receiver
+    (`OTEL_EXPORTER_OTLP_ENDPOINT`), its query gRPC and its health check."""
 
     @model_validator(mode="before")
     @classmethod
@@ -140,6 +148,7 @@ class StackSettings(BaseSettings):
             "OUTBOX_STACK_BROKER_CONTROLLER_PORT": self.broker_controller_port,
             "OUTBOX_STACK_CONNECT_PORT": self.connect_port,
             "OUTBOX_STACK_RELAY_PORT": self.relay_port,
+            **({"OUTBOX_STACK_TRACING_PORT": self.tracing_port} if self.tracing else {}),
         }
         seen: dict[int, str] = {}
         for name, port in ports.items():
