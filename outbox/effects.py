@@ -78,6 +78,7 @@ from outbox.core.payload import encode_json
 from outbox.core.protocol import Rows, delete_expired
 from outbox.core.statements import Result, Statement
 from outbox.settings import OutboxSettings
+from outbox.tracing import performed
 
 __all__ = [
     "DEFAULT_MAX_WAIT",
@@ -201,7 +202,7 @@ class Effects(_EffectsBase):
         "not found" is acted on only once that much has passed since the attempt started.
         """
         operation = self._operation(event_id, effect, context, lookup is not None, settle_after)
-        return self._run(operation, call, lookup)
+        return performed(self._run(operation, call, lookup))
 
     def perform_released(
         self,
@@ -310,7 +311,7 @@ class AsyncEffects(_EffectsBase):
     ) -> EffectOutcome:
         """Await ``call(step)`` at most once for this step (see :meth:`Effects.perform`)."""
         operation = self._operation(event_id, effect, context, lookup is not None, settle_after)
-        return await self._run(operation, call, lookup)
+        return performed(await self._run(operation, call, lookup))
 
     async def perform_released(
         self,

@@ -15,8 +15,11 @@ the SDK emits:
   duplicates and records set aside, linked to a sample of the events it landed;
 - ``process <topic>``, kind CONSUMER, one per record :class:`~outbox.IdempotentConsumer`
   handles, a child of the context in the record's ``traceparent``, with the outcome
-  (``outbox.outcome``: ``handled``, ``duplicate`` or ``dead-lettered``); the handler runs
-  inside it, so its own spans (database calls) are the event's too.
+  (``outbox.outcome``: ``handled``, ``duplicate``, ``dead-lettered``, or ``parked`` when
+  the handler handled it but an effect step of the ledger was parked for a decision); the
+  handler runs inside it, so its own spans (database calls) are the event's too. Each
+  :class:`~outbox.Effects` step the handler performs is an event ``outbox.effect`` on it
+  (the effect, its state, whether this call made it).
 
 Without ``opentelemetry-api``, or with the API alone (no SDK: every span is a no-op), nothing
 is emitted, no ``traceparent`` is invented, and a publish costs one check.
@@ -25,6 +28,7 @@ is emitted, no ``traceparent`` is invented, and a publish costs one check.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -36,6 +40,7 @@ from outbox.core.event import Event
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, Tracer
 
+    from outbox.core.effects import EffectOutcome
     from outbox.core.kafka_record import KafkaRecord
 
 __all__ = [
@@ -45,6 +50,7 @@ __all__ = [
     "creating",
     "landing",
     "link",
+    "performed",
     "processing",
     "recording",
     "sending",
@@ -52,7 +58,7 @@ __all__ = [
 ]
 
 SYSTEM = "kafka"
-CONSUMER_OUTCOMES = ("handled", "duplicate", "dead-lettered")
+CONSUMER_OUTCOMES = ("handled", "duplicate", "dead-lettered", "parked")
 MAX_LINKS = 128
 """Links a batch's span carries at most (a trace backend keeps a bounded number anyway)."""
 
@@ -124,15 +130,24 @@ def _with(event: Event, traceparent: str | None) -> Event:
     return replace(event, traceparent=traceparent)
 
 
+_PARKED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "outbox_parked_effects", default=None
+)
+"""The effects parked while the record in hand was processed (None: no record in hand)."""
+
+
 class Processing:
     """What :func:`processing` yields: set the record's outcome before the block ends."""
 
-    def __init__(self, span: Span | None) -> None:
+    def __init__(self, span: Span | None, parked: list[str] | None = None) -> None:
         self.span = span
+        self.parked = parked if parked is not None else []
 
     def outcome(self, outcome: str, *, event_id: str | None = None) -> None:
         if self.span is None:
             return
+        if outcome == "handled" and self.parked:
+            outcome = "parked"
         self.span.set_attribute("outbox.outcome", outcome)
         if event_id is not None:
             self.span.set_attribute("messaging.message.id", event_id)
@@ -164,15 +179,43 @@ def processing(record: KafkaRecord, *, consumer: str, group: str) -> Iterator[Pr
         "messaging.consumer.group.name": group,
         "outbox.consumer": consumer,
     }
-    with tracer.start_as_current_span(
-        f"process {record.topic}",
-        context=parent,
-        kind=SpanKind.CONSUMER,
-        attributes=attributes,
-        record_exception=True,
-        set_status_on_exception=True,
-    ) as span:
-        yield Processing(span)
+    parked: list[str] = []
+    token = _PARKED.set(parked)
+    try:
+        with tracer.start_as_current_span(
+            f"process {record.topic}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+            record_exception=True,
+            set_status_on_exception=True,
+        ) as span:
+            yield Processing(span, parked)
+    finally:
+        _PARKED.reset(token)
+
+
+def performed(outcome: EffectOutcome) -> EffectOutcome:
+    """Record an effect step's outcome on the current span (an event ``outbox.effect``),
+    and a parked one for the consumer's outcome; ``outcome`` is returned as it is."""
+    if _tracer() is None:
+        return outcome
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event(
+            "outbox.effect",
+            {
+                "outbox.effect.name": outcome.step.effect,
+                "outbox.effect.state": outcome.state.value,
+                "outbox.effect.called": outcome.called,
+            },
+        )
+    parked = _PARKED.get()
+    if parked is not None and outcome.needs_decision:
+        parked.append(outcome.step.effect)
+    return outcome
 
 
 @contextlib.contextmanager

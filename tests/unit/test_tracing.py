@@ -5,6 +5,7 @@ database or broker.)"""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -14,8 +15,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from outbox import Event
 from outbox.core.contract import record_for
+from outbox.core.effects import EffectOutcome, EffectStep, StepState
 from outbox.core.kafka_record import KafkaRecord
-from outbox.tracing import creating, processing, traceparent_of
+from outbox.tracing import creating, performed, processing, traceparent_of
 from tests.otel_spans import traced
 
 
@@ -130,3 +132,33 @@ def test_a_record_without_traceparent_starts_a_trace_of_its_own(
     (consumer,) = spans.get_finished_spans()
     assert consumer.parent is None
     assert consumer.attributes is not None and consumer.attributes["outbox.outcome"] == "duplicate"
+
+
+def _outcome(state: StepState) -> EffectOutcome:
+    step = EffectStep(
+        consumer="billing",
+        event_id="e-1",
+        effect="charge",
+        idempotency_key=uuid.uuid4(),
+        attempt=1,
+        context=None,
+    )
+    return EffectOutcome(step=step, state=state, reference=None, called=False)
+
+
+def test_an_effect_parked_by_the_handler_makes_the_record_s_outcome_parked(
+    spans: InMemorySpanExporter,
+) -> None:
+    with processing(_record(""), consumer="billing", group="g") as span:
+        performed(_outcome(StepState.DONE))
+        performed(_outcome(StepState.NEEDS_DECISION))
+        span.outcome("handled")
+    with processing(_record(""), consumer="billing", group="g") as span:
+        performed(_outcome(StepState.DONE))
+        span.outcome("handled")
+    parked, handled = spans.get_finished_spans()
+    assert parked.attributes is not None and parked.attributes["outbox.outcome"] == "parked"
+    assert handled.attributes is not None and handled.attributes["outbox.outcome"] == "handled"
+    states = [e.attributes["outbox.effect.state"] for e in parked.events if e.attributes]
+    assert states == ["done", "needs_decision"]
+    assert performed(_outcome(StepState.NEEDS_DECISION)).needs_decision  # no record in hand
