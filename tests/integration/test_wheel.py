@@ -1,6 +1,6 @@
 """The built wheel, installed as users install it: in a fresh virtual environment outside the
-checkout, with the extras ``relay``, ``lake``, ``stack`` and ``tracing``, run from a folder
-where nothing of the checkout can be imported.
+checkout, with the extras ``relay``, ``lake``, ``stack``, ``tracing`` and ``console``, run
+from a folder where nothing of the checkout can be imported.
 
 It holds ``outbox`` and the ``outbox_*`` packages only (generic names such as ``cli`` or
 ``stack`` would collide with other projects in site-packages), with their data: the
@@ -31,7 +31,7 @@ from tests.sources import PACKAGES, ROOT, libraries, modules
 
 pytestmark = pytest.mark.timeout(600)
 
-EXTRAS = "relay,lake,stack,tracing"
+EXTRAS = "relay,lake,stack,tracing,console"
 DISTRIBUTION = "outbox-relay"
 PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 # What setuptools needs to build the wheel: the project file, its readme, the package folders.
