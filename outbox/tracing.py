@@ -93,6 +93,9 @@ def creating(events: Sequence[Event]) -> Iterator[list[Event]]:
         return
     from opentelemetry.trace import SpanKind
 
+    if not all(isinstance(event, Event) for event in events):
+        yield list(events)  # the write refuses them, with its own error
+        return
     spans = []
     traced = []
     for event in events:
@@ -113,6 +116,10 @@ def creating(events: Sequence[Event]) -> Iterator[list[Event]]:
             },
         )
         spans.append(span)
+        if len(spans) == 1 and not span.is_recording() and traceparent_of(span) is None:
+            span.end()  # no SDK and no trace in hand: no span, no traceparent, no cost
+            yield list(events)
+            return
         traceparent = event.traceparent or traceparent_of(span)
         traced.append(event if traceparent == event.traceparent else _with(event, traceparent))
     try:
@@ -187,10 +194,14 @@ def processing(record: KafkaRecord, *, consumer: str, group: str) -> Iterator[Pr
             context=parent,
             kind=SpanKind.CONSUMER,
             attributes=attributes,
-            record_exception=True,
-            set_status_on_exception=True,
+            record_exception=False,  # an error's text may quote a payload: its type only
+            set_status_on_exception=False,
         ) as span:
-            yield Processing(span, parked)
+            try:
+                yield Processing(span, parked)
+            except BaseException as error:
+                _failed(span, error)
+                raise
     finally:
         _PARKED.reset(token)
 
@@ -295,6 +306,6 @@ def _context_of(traceparent: bytes | str) -> SpanContext | None:
 def _failed(span: Span, error: BaseException) -> None:
     from opentelemetry.trace import Status, StatusCode
 
-    if isinstance(error, Exception):
-        span.record_exception(error)
+    # the type only: an error's text may quote a payload or a row, which traces must not carry
+    span.set_attribute("error.type", type(error).__name__)
     span.set_status(Status(StatusCode.ERROR, type(error).__name__))

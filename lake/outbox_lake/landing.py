@@ -198,7 +198,10 @@ class EventsSink:
                 topic_ids = self.check(shape, self.known())
             counts = self._write(frame.sparkSession, read, frame, shape, topic_ids)
             if span is not None and recording(span):
-                _describe(span, batch_id, shape, counts, read)
+                try:  # after the commit: tracing never fails a batch
+                    _describe(span, batch_id, shape, counts, read)
+                except Exception as error:  # the batch has landed already
+                    log.warning("batch %d: its span not described: %s", batch_id, error)
         finally:
             with self._timed("unpersist"):
                 read.unpersist()
