@@ -58,9 +58,12 @@ def jaeger_binary(downloads: Path) -> Path:
     found = _go([go, "mod", "download", "-json", f"{_MODULE}@{JAEGER_VERSION}"], env=env, cwd=root)
     source = root / f"src-jaeger-{JAEGER_VERSION}"
     if not source.is_dir():
-        shutil.copytree(json.loads(found)["Dir"], source)
-        for path in [source, *source.rglob("*")]:
+        copying = source.with_name(f".{source.name}.partial")
+        shutil.rmtree(copying, ignore_errors=True)
+        shutil.copytree(json.loads(found)["Dir"], copying)
+        for path in [copying, *copying.rglob("*")]:
             path.chmod(path.stat().st_mode | 0o200)  # the module cache's copies are read-only
+        copying.rename(source)  # as the jars: only a complete copy ever has the final name
     partial = binary.with_suffix(".partial")
     _go([go, "build", "-o", str(partial), "./cmd/jaeger"], env=env, cwd=source)
     partial.replace(binary)
