@@ -209,7 +209,11 @@ def test_the_console_shows_the_pipeline_live_finds_events_and_replays_dead_lette
             browser.get(console.url + "/")
             wait_for(
                 browser,
-                lambda b: running(b) and panel(b, "relay")[0] == "ok" and "CDC" in delivery(b),
+                lambda b: (
+                    running(b)
+                    and panel(b, "relay")[0] == "ok"
+                    and "by: CDC (Debezium)" in delivery(b)
+                ),
                 timeout=60,
                 what="Connect's panel shows the connector RUNNING, and CDC delivering",
             )
@@ -289,7 +293,7 @@ def test_the_console_shows_the_pipeline_live_finds_events_and_replays_dead_lette
             browser.get(console.url + "/")
             wait_for(
                 browser,
-                lambda b: running(b) and "CDC" in delivery(b),
+                lambda b: running(b) and "by: CDC (Debezium)" in delivery(b),
                 timeout=240,
                 what="the connector RUNNING again, and CDC delivering (the relay stepped back)",
             )
