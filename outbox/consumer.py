@@ -55,7 +55,7 @@ from outbox.core.statements import OutboxStatements
 from outbox.core.text import storable_text
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox.settings import KafkaSettings, OutboxSettings, kafka_settings
-from outbox.tracing import processing
+from outbox.tracing import Processing, processing
 
 __all__ = ["ConsumerStats", "IdempotentConsumer", "ReceivedEvent"]
 
@@ -211,22 +211,29 @@ class IdempotentConsumer(Generic[T]):
     # -- one record ------------------------------------------------------------------------
 
     def _handle(self, record: KafkaRecord, stop: threading.Event | None) -> None:
-        with processing(record, consumer=self.name, group=self._group) as span:
+        # _Stopped leaves the record for after a restart: no failure on its span
+        with processing(record, consumer=self.name, group=self._group, stops=(_Stopped,)) as span:
             event = decode_event(record)
             if isinstance(event, Undecodable):
                 self._dead_letter(record, None, f"not an outbox record: {event.reason}", 1, stop)
                 span.outcome("dead-lettered")
                 return
-            span.outcome(self._handle_event(record, event, stop), event_id=str(event.event_id))
+            outcome = self._handle_event(record, event, stop, span)
+            span.outcome(outcome, event_id=str(event.event_id))
 
     def _handle_event(
-        self, record: KafkaRecord, event: ReceivedEvent, stop: threading.Event | None
+        self,
+        record: KafkaRecord,
+        event: ReceivedEvent,
+        stop: threading.Event | None,
+        span: Processing,
     ) -> str:
         """Apply ``event`` once (or dead-letter it); the outcome (:data:`CONSUMER_OUTCOMES`)."""
         digest = content_digest(record.key, record.value, record.headers)
         attempts = 0
         backoff = self._backoff
         while True:
+            span.attempt()  # the outcome is the committed attempt's, not a failed one's
             try:
                 with self._begin() as transaction:
                     claimed = self._claim(transaction, event, digest)

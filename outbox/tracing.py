@@ -4,12 +4,19 @@ With ``opentelemetry-api`` installed (``pip install 'outbox-relay[tracing]'``) a
 OpenTelemetry SDK configured by the application (``OTEL_*`` variables, an OTLP exporter),
 the SDK emits:
 
-- ``create <topic>``, kind PRODUCER, one per event ``publish``/``publish_many`` writes, as a
-  child of the caller's current span. Its context becomes the event's ``traceparent`` when
-  the caller gave none, so CDC and the relay carry it unchanged to Kafka and the lake;
-- ``send``, kind PRODUCER, one per batch the polling relay sends (the relay is yours to
-  instrument: ``opentelemetry-instrument outbox relay run``), linked to the events' own
-  contexts (the first :data:`MAX_LINKS` of the batch), with the counts delivered and retried;
+- ``create <topic>``, kind PRODUCER, one per event ``publish``/``publish_many`` writes
+  without a ``traceparent``, as a child of the caller's current span. Its context becomes
+  the event's ``traceparent`` (its creation context), so CDC and the relay carry it unchanged
+  to Kafka and the lake. An event the caller gave a ``traceparent`` has no such span: by the
+  messaging conventions a creation context the user provides is kept as it is and no
+  "create" span is made for it (one would name a context no record carries);
+- ``send``, kind CLIENT, one per batch the polling relay sends (the relay is yours to
+  instrument: ``opentelemetry-instrument outbox relay run``), linked to the events' creation
+  contexts (the first :data:`MAX_LINKS` of the batch), with the counts delivered, retried
+  and rejected. CLIENT, not PRODUCER: its context is never a record's creation context (a
+  copy the relay sends must equal the one CDC sends, so it carries the stored
+  ``traceparent``, not the relay's). A batch that fails (not acknowledged, a broker error)
+  ends it with an error status;
 - ``process outbox lake``, kind CONSUMER, one per micro-batch of the lake job (run under
   ``opentelemetry-instrument outbox lake ingest``), with its records, events landed,
   duplicates and records set aside, linked to a sample of the events it landed;
@@ -19,7 +26,11 @@ the SDK emits:
   the handler handled it but an effect step of the ledger was parked for a decision); the
   handler runs inside it, so its own spans (database calls) are the event's too. Each
   :class:`~outbox.Effects` step the handler performs is an event ``outbox.effect`` on it
-  (the effect, its state, whether this call made it).
+  (the effect, its state, whether this call made it); ``parked`` counts the attempt that
+  succeeded only, not one that failed and was retried.
+
+A failure is recorded by its type only (``error.type`` and the status): an error's text may
+quote a payload or a row, which traces must not carry.
 
 Without ``opentelemetry-api``, or with the API alone (no SDK: every span is a no-op), nothing
 is emitted, no ``traceparent`` is invented, and a publish costs one check.
@@ -84,9 +95,11 @@ def traceparent_of(span: Span) -> str | None:
 
 @contextlib.contextmanager
 def creating(events: Sequence[Event]) -> Iterator[list[Event]]:
-    """A PRODUCER span per event for the block that writes them; yields the events, those
-    without a ``traceparent`` given their span's. A failure of the block is recorded on each
-    span (error status) and raised."""
+    """A PRODUCER span per event without a ``traceparent`` for the block that writes them,
+    a child of the current span; yields the events, those given their span's context as
+    ``traceparent``. An event that has one (the caller's creation context) is yielded as it
+    is, with no span of ours. A failure of the block is recorded on each span (error
+    status) and raised."""
     tracer = _tracer()
     if tracer is None:
         yield list(events)
@@ -96,9 +109,12 @@ def creating(events: Sequence[Event]) -> Iterator[list[Event]]:
     if not all(isinstance(event, Event) for event in events):
         yield list(events)  # the write refuses them, with its own error
         return
-    spans = []
+    spans: list[Span] = []
     traced = []
     for event in events:
+        if event.traceparent is not None:
+            traced.append(event)  # the caller's creation context: kept, and no span for it
+            continue
         topic = topic_for(event.aggregate_type)
         span = tracer.start_span(
             f"create {topic}",
@@ -115,13 +131,12 @@ def creating(events: Sequence[Event]) -> Iterator[list[Event]]:
                 "outbox.event.type": event.event_type,
             },
         )
-        spans.append(span)
-        if len(spans) == 1 and not span.is_recording() and traceparent_of(span) is None:
+        if not spans and not span.is_recording() and traceparent_of(span) is None:
             span.end()  # no SDK and no trace in hand: no span, no traceparent, no cost
             yield list(events)
             return
-        traceparent = event.traceparent or traceparent_of(span)
-        traced.append(event if traceparent == event.traceparent else _with(event, traceparent))
+        spans.append(span)
+        traced.append(_with(event, traceparent_of(span)))
     try:
         yield traced
     except BaseException as error:
@@ -150,6 +165,12 @@ class Processing:
         self.span = span
         self.parked = parked if parked is not None else []
 
+    def attempt(self) -> None:
+        """A new attempt at the record: what an earlier, failed attempt parked does not
+        count. The outcome is the attempt whose transaction commits; a step still parked
+        in the ledger is reported again when that attempt performs it."""
+        self.parked.clear()
+
     def outcome(self, outcome: str, *, event_id: str | None = None) -> None:
         if self.span is None:
             return
@@ -161,8 +182,16 @@ class Processing:
 
 
 @contextlib.contextmanager
-def processing(record: KafkaRecord, *, consumer: str, group: str) -> Iterator[Processing]:
-    """A CONSUMER span, current for the block, child of the record's ``traceparent``."""
+def processing(
+    record: KafkaRecord,
+    *,
+    consumer: str,
+    group: str,
+    stops: tuple[type[BaseException], ...] = (),
+) -> Iterator[Processing]:
+    """A CONSUMER span, current for the block, child of the record's ``traceparent``. An
+    error the block raises is recorded on it (its type: error status), except ``stops``:
+    the consumer's own control flow (leaving the record on shutdown), which is no failure."""
     tracer = _tracer()
     if tracer is None:
         yield Processing(None)
@@ -199,6 +228,8 @@ def processing(record: KafkaRecord, *, consumer: str, group: str) -> Iterator[Pr
         ) as span:
             try:
                 yield Processing(span, parked)
+            except stops:
+                raise  # leaving, not failing: the record comes again
             except BaseException as error:
                 _failed(span, error)
                 raise
@@ -231,9 +262,12 @@ def performed(outcome: EffectOutcome) -> EffectOutcome:
 
 @contextlib.contextmanager
 def sending(traceparents: Sequence[bytes]) -> Iterator[Span | None]:
-    """A PRODUCER span ``send`` for a batch of records, current for the block, linked to the
-    contexts of the ``traceparents`` (W3C, as the outbox stores them; empty: none) of its
-    first :data:`MAX_LINKS` records; None without ``opentelemetry-api``."""
+    """A CLIENT span ``send`` for a batch of records, current for the block, linked to the
+    creation contexts in the ``traceparents`` (W3C, as the outbox stores them; empty: none)
+    of its first :data:`MAX_LINKS` records; None without ``opentelemetry-api``. CLIENT, as
+    the messaging conventions have a "send" span whose context is no record's creation
+    context (the records carry their events' own). An error the block raises (the batch
+    failed) is recorded on it by its type."""
     with _batch("send", "send", len(traceparents)) as span:
         if span is not None:
             link(span, traceparents)
@@ -244,7 +278,7 @@ def sending(traceparents: Sequence[bytes]) -> Iterator[Span | None]:
 def landing() -> Iterator[Span | None]:
     """A CONSUMER span ``process outbox lake`` for one micro-batch of the lake job, current
     for the block (the caller adds its counts, and links a sample of its events: :func:`link`);
-    None without ``opentelemetry-api``."""
+    None without ``opentelemetry-api``. An error the block raises is recorded by its type."""
     with _batch("process", "process outbox lake", None) as span:
         yield span
 
@@ -266,10 +300,16 @@ def _batch(operation: str, name: str, count: int | None) -> Iterator[Span | None
         attributes["messaging.batch.message_count"] = count
     with tracer.start_as_current_span(
         name,
-        kind=SpanKind.PRODUCER if operation == "send" else SpanKind.CONSUMER,
+        kind=SpanKind.CLIENT if operation == "send" else SpanKind.CONSUMER,
         attributes=attributes,
+        record_exception=False,  # an error's text may quote a payload: its type only
+        set_status_on_exception=False,
     ) as span:
-        yield span
+        try:
+            yield span
+        except BaseException as error:
+            _failed(span, error)
+            raise
 
 
 def recording(span: Span | None) -> bool:

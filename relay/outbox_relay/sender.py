@@ -62,17 +62,17 @@ class Sender:
         if self._producer is None:
             self._producer = ContractProducer(self._kafka, self._settings)
         started = time.monotonic()
+        # A broker error or an unacknowledged batch ends the span with an error status, by
+        # the error's type only: the failure's text may quote a record.
         with sending([row.traceparent for row in rows]) as span:
             outcome = self._producer.publish(rows)
             if span is not None:
                 span.set_attribute("outbox.delivered", len(outcome.delivered))
                 span.set_attribute("outbox.retried", len(outcome.retry))
                 span.set_attribute("outbox.rejected", len(outcome.rejected))
-                if outcome.failure is not None:
-                    span.set_attribute("outbox.failure", outcome.failure[:300])
-        if outcome.failure is not None:
-            self.close()
-            raise BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
+            if outcome.failure is not None:
+                self.close()
+                raise BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
         self._metrics.publish_seconds.observe(time.monotonic() - started)
         delivered = set(outcome.delivered)
         for row in rows:

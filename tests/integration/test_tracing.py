@@ -58,6 +58,7 @@ def _one_trace(relay_bench: RelayBench, spans: InMemorySpanExporter) -> None:
         s for s in sent if any(link.context.span_id == produced.context.span_id for link in s.links)
     ]
     assert len(linked) == 1, sent
+    assert linked[0].kind is SpanKind.CLIENT  # its context is no record's creation context
     assert linked[0].attributes is not None and linked[0].attributes["outbox.delivered"] == 1
     assert dict(record.headers)["traceparent"].decode() == traceparent_of(produced)  # type: ignore[arg-type]
     # a second copy, as a relay/CDC handover would deliver it
