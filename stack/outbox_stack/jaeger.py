@@ -4,7 +4,11 @@ Built once from the Go module proxy (``github.com/jaegertracing/jaeger`` at
 :data:`JAEGER_VERSION`, its ``cmd/jaeger``) into the downloads folder, like the jars: the Go
 toolchain (1.24 or later) must be installed. Jaeger's module pins some of its dependencies
 with ``replace`` directives, which ``go install module@version`` refuses; so its source is
-taken from the module cache and built as the main module.
+taken from the module cache and built as the main module, with ``-mod=readonly``: the
+build uses exactly the versions and checksums of the module's own ``go.mod`` and ``go.sum``
+(complete for ``cmd/jaeger``: ``go list -mod=readonly -deps ./cmd/jaeger`` loads it with
+the proxy off), and fails rather than resolve a missing one from the proxy, as
+``-mod=mod`` would.
 
 It runs with a configuration of ours: OTLP over HTTP (where the SDK's exporter sends spans),
 the query service (the UI and its HTTP API, where tests read traces back) and its health
@@ -53,7 +57,7 @@ def jaeger_binary(downloads: Path) -> Path:
         "GOPATH": str(root),
         "GOMODCACHE": str(root / "mod"),
         "GOTOOLCHAIN": "local",
-        "GOFLAGS": "-mod=mod",
+        "GOFLAGS": "-mod=readonly",  # Jaeger's go.sum, nothing else (see the module)
     }
     found = _go([go, "mod", "download", "-json", f"{_MODULE}@{JAEGER_VERSION}"], env=env, cwd=root)
     source = root / f"src-jaeger-{JAEGER_VERSION}"
