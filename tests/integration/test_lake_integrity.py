@@ -666,12 +666,13 @@ def test_events_are_in_commit_order_by_position_though_event_time_differs(
 # -- a clean stop ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("to_the_group", [False, True], ids=["driver", "process-group"])
 def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
-    kafka_services: KafkaServices, tmp_path: Path, to_the_group: bool
+    kafka_services: KafkaServices, tmp_path: Path
 ) -> None:
-    """To the driver only (a container runtime), or to its whole process group (systemd's
-    default, Ctrl-C): Spark's JVM and Python workers run in a session of their own."""
+    """SIGTERM to the driver only (a container runtime), then, to the job started again on the
+    same lake, to its whole process group (systemd's default, Ctrl-C): Spark's JVM and Python
+    workers run in a session of their own. Each run finishes its batch and exits 0; the rest
+    lands once."""
     prefix = f"s{uuid.uuid4().hex[:8]}"
     aggregate_type = f"{prefix}order"
     bootstrap = kafka_services.bootstrap_servers
@@ -686,50 +687,55 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
         OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="500",
         OUTBOX_LAKE_METRICS_PORT=str(port),
     )
-    log = tmp_path / "ingest.log"
-    with continuous_ingest(env, log) as job:
 
-        def metrics() -> dict[str, str]:
-            try:
-                url = f"http://127.0.0.1:{port}/metrics"
-                text = urllib.request.urlopen(url, timeout=10).read()
-            except urllib.error.URLError:
-                return {}  # not serving yet: the job is still starting
-            return dict(
-                line.rsplit(" ", 1)
-                for line in text.decode().splitlines()
-                if line.startswith("outbox_lake_") and " " in line
-            )
-
-        # A batch is counted when it ends (its progress written), after its tables' commits.
-        wait_until(
-            lambda: float(metrics().get("outbox_lake_batch_seconds_count", 0)) >= 1,
-            timeout=240,
-            what="a batch landed and counted",
+    def metrics() -> dict[str, str]:
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+            text = urllib.request.urlopen(url, timeout=10).read()
+        except urllib.error.URLError:
+            return {}  # not serving yet: the job is still starting
+        return dict(
+            line.rsplit(" ", 1)
+            for line in text.decode().splitlines()
+            if line.startswith("outbox_lake_") and " " in line
         )
-        found = metrics()
-        assert float(found["outbox_lake_events_total"]) >= 500
-        assert 0 < float(found["outbox_lake_freshness_seconds"]) < 600
 
-        # Consumer lag, from the query's progress: thousands of records still to read, then
-        # fewer as batches land.
-        def lag() -> float:
-            values = [
-                float(v) for k, v in metrics().items() if k.startswith("outbox_lake_consumer_lag{")
-            ]
-            return sum(values) if values else -1.0
+    def lag() -> float:
+        values = [
+            float(v) for k, v in metrics().items() if k.startswith("outbox_lake_consumer_lag{")
+        ]
+        return sum(values) if values else -1.0
 
+    def the_lag_gauge_goes_down() -> None:
+        """Consumer lag, from the query's progress: thousands of records still to read, then
+        fewer as batches land."""
         wait_until(lambda: lag() > 5000, timeout=60, what="the lag gauge shows the backlog")
         first = lag()
         wait_until(lambda: 0 <= lag() < first, timeout=120, what="the lag gauge goes down")
-        if to_the_group:
-            os.killpg(job.pid, signal.SIGTERM)
-        else:
-            os.kill(job.pid, signal.SIGTERM)
-        assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
-    assert "stopped on SIGTERM" in log.read_text()
-    landed = len(rows(root, "events"))
-    assert 0 < landed < 20_000, "stopped too late to prove anything"
+
+    landed_before = 0
+    for run, to_the_group in enumerate((False, True)):
+        log = tmp_path / f"ingest-{run}.log"
+        with continuous_ingest(env, log) as job:
+            # A batch is counted when it ends (its progress written), after its commits.
+            wait_until(
+                lambda: float(metrics().get("outbox_lake_batch_seconds_count", 0)) >= 1,
+                timeout=240,
+                what=f"a batch of run {run} landed and counted",
+            )
+            found = metrics()
+            assert float(found["outbox_lake_events_total"]) >= 500
+            assert 0 < float(found["outbox_lake_freshness_seconds"]) < 600
+            if to_the_group:
+                os.killpg(job.pid, signal.SIGTERM)
+            else:
+                the_lag_gauge_goes_down()
+                os.kill(job.pid, signal.SIGTERM)
+            assert job.wait(timeout=180) == 0, log.read_text()[-3000:]
+        assert "stopped on SIGTERM" in log.read_text()
+        landed = len(rows(root, "events"))
+        assert landed_before < landed < 20_000, f"run {run} stopped too late to prove anything"
+        landed_before = landed
     rest = lake_env(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="50000")
     ingested(rest)  # the rest, in one batch
     ids = [row["event_id"] for row in rows(root, "events")]
