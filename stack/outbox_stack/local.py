@@ -135,11 +135,14 @@ class LocalStack:
 
     def _tracing_environment(self) -> dict[str, str]:
         """OpenTelemetry's own variables, for an SDK (or `opentelemetry-instrument`) to send
-        spans to the stack's Jaeger over OTLP/HTTP."""
+        spans to the stack's Jaeger over OTLP/HTTP. Under `opentelemetry-instrument`, the
+        kafka-python instrumentation stays off: it would add a second ``traceparent`` header
+        to our records, and copies of one event would then differ (docs/operations.md)."""
         return {
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.tracing.otlp_endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "kafka",
         }
 
     def cdc_password(self) -> str:

@@ -158,3 +158,27 @@ def test_stack_env_exports_a_generated_relay_password_of_its_own(
     assert stack.environment()["OUTBOX_RELAY_DATABASE_PASSWORD"] == password, "kept"
     monkeypatch.setenv("OUTBOX_RELAY_DATABASE_PASSWORD", "chosen")
     assert stack.environment()["OUTBOX_RELAY_DATABASE_PASSWORD"] == "chosen"
+
+
+def test_stack_env_points_tracing_at_jaeger_with_kafka_instrumentation_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, open_umask: None
+) -> None:
+    """With the opt-in Jaeger, `stack env` exports OpenTelemetry's own variables, the
+    kafka-python auto-instrumentation off (its second traceparent header would make copies
+    of one event differ); without it, none of them."""
+    from outbox.settings import KafkaSettings
+    from outbox_stack.local import LocalStack
+    from outbox_stack.settings import StackSettings
+
+    def exported(tracing: bool) -> dict[str, str]:
+        stack = LocalStack(StackSettings(dir=tmp_path, tracing=tracing), KafkaSettings())
+        if not stack.postgres.password_file.exists():
+            stack.postgres.home.mkdir(parents=True)
+            write_secret(stack.postgres.password_file, "superuser-secret\n")
+        return stack.environment()
+
+    traced = exported(True)
+    assert traced["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://127.0.0.1:")
+    assert traced["OTEL_TRACES_EXPORTER"] == "otlp"
+    assert traced["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] == "kafka"
+    assert not any(name.startswith("OTEL_") for name in exported(False))
