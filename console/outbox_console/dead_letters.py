@@ -1,7 +1,10 @@
 """The dead letters the console lists, shows, replays and discards: the relay's
 (:mod:`outbox_relay.dead_letters`) and the consumers' (:mod:`outbox.consumer_dead_letters`),
 through the same functions as ``outbox relay dead-letters`` and ``outbox consumer
-dead-letters``, with the same refusals."""
+dead-letters``, with the same refusals.
+
+The relay's are read on a connection of the console's pool, with the relay's own statement
+(its functions open a connection each, most of a page's time); one is read by its id."""
 
 from __future__ import annotations
 
@@ -49,20 +52,30 @@ class Store:
 
     def listing(self) -> Letters:
         from outbox.consumer_dead_letters import list_dead_letters as consumer_letters
-        from outbox_relay.dead_letters import list_dead_letters as relay_letters
+        from outbox_relay.dead_letters import DeadLetter
+        from outbox_relay.statements import RelayStatements
 
         pipeline = self.pipeline
-        relay = relay_letters(pipeline.database_url, pipeline.outbox.tables, LIMIT)
+        statement = RelayStatements(pipeline.outbox.tables).list_dead_letters
         with self.engine.begin() as connection:
+            rows = connection.exec_driver_sql(statement, (LIMIT,)).all()
             consumers = consumer_letters(connection, limit=LIMIT, settings=pipeline.outbox)
-        return Letters(relay, consumers)
+        return Letters([DeadLetter(*row) for row in rows], consumers)
 
     def relay_letter(self, event_id: uuid.UUID) -> DeadLetter | None:
-        from outbox_relay.dead_letters import list_dead_letters
+        from outbox_relay.dead_letters import DeadLetter
 
-        pipeline = self.pipeline
-        found = list_dead_letters(pipeline.database_url, pipeline.outbox.tables, 100_000)
-        return next((letter for letter in found if letter.id == event_id), None)
+        tables = self.pipeline.outbox.tables
+        # The columns of RelayStatements.list_dead_letters (DeadLetter's fields), one row by
+        # its key; the table's name is a validated, quoted identifier (OutboxTables).
+        statement = (
+            "SELECT id, aggregatetype, aggregateid, type, reason, failed_at, "  # noqa: S608
+            f"octet_length(payload::text) FROM {tables.qualified_dead_letter} "
+            "WHERE id = %s::uuid"
+        )
+        with self.engine.begin() as connection:
+            row = connection.exec_driver_sql(statement, (event_id,)).first()
+        return None if row is None else DeadLetter(*row)
 
     def consumer_letter(self, place: DeadLetterPlace) -> ConsumerDeadLetter | None:
         from outbox.consumer_dead_letters import get_dead_letter
