@@ -27,12 +27,9 @@ from outbox.core.partition_end import Partition
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from outbox.settings import KafkaSettings
 from outbox_reconcile.evidence import Evidence
-from outbox_reconcile.records import KafkaCopy, Malformed, Window, copy_of
+from outbox_reconcile.records import KafkaCopy, Malformed, Window, copy_of, earliest_copy_ms
 
 __all__ = ["KafkaRead", "KafkaReadError", "read_kafka"]
-
-_SINCE_MARGIN_MS = 3_600_000
-"""Records are produced after their event was built: seek an hour before ``--since``."""
 
 _ROLE = ReaderRole(
     client_id="outbox-reconcile",
@@ -71,7 +68,7 @@ def read_kafka(
         starts: dict[Partition, int] = reader.beginnings(partitions)
         ends = reader.ends(partitions)
         if window.since_ms is not None:
-            found = reader.offsets_for_times(partitions, max(0, window.since_ms - _SINCE_MARGIN_MS))
+            found = reader.offsets_for_times(partitions, earliest_copy_ms(window.since_ms))
             for partition, at in found.items():
                 starts[partition] = ends[partition] if at is None else max(starts[partition], at)
 

@@ -25,6 +25,7 @@ __all__ = [
     "Malformed",
     "Window",
     "copy_of",
+    "earliest_copy_ms",
     "event_time_ms",
     "parse_moment",
 ]
@@ -64,6 +65,17 @@ def event_time_ms(event_id: str) -> int:
     except ValueError:
         return 0
     return parsed.int >> 80 if parsed.version == 7 else 0
+
+
+_CLOCKS_MARGIN_MS = 3_600_000
+
+
+def earliest_copy_ms(built_ms: int) -> int:
+    """The oldest Kafka timestamp a copy of an event built at ``built_ms`` may carry: a
+    record is produced after its event was built, less an hour for the clocks of the
+    application, the database and the producers to disagree. A read of the copies of events
+    built since ``built_ms`` seeks there (``offsets_for_times``), not to the beginning."""
+    return max(0, built_ms - _CLOCKS_MARGIN_MS)
 
 
 def _position(value: bytes | None) -> int | None:

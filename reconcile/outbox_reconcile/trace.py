@@ -6,15 +6,21 @@ partition is known from the UUIDv7 id (so each Delta read touches one day), and 
 version that made the row queryable is found by bisecting the table's versions (about
 log2(versions) reads of that one day). Without a lake row, the aggregate's partition is
 computed from its key as every Kafka producer does (murmur2); only ``--scan-kafka`` reads
-every outbox topic. Each partition searched is read to its end as it was when trace started
-(:mod:`outbox.core.partition_end`), or trace fails naming it; a record met there that no
-reader can take at its word (a header name that is not UTF-8) is listed with its offsets.
+every outbox topic, and either is read from an hour before the event was built (no copy is
+older: :func:`~outbox_reconcile.records.earliest_copy_ms`). Each partition searched is read
+to its end as it was when trace started (:mod:`outbox.core.partition_end`), or trace fails
+naming it; a record met there that no reader can take at its word (a header name that is
+not UTF-8) is listed with its offsets.
+
+A caller that traces often (the console) lends a database connection and a Kafka reader it
+keeps, instead of a connection and a client opened and closed each time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -26,17 +32,18 @@ from deltalake import DeltaTable
 from outbox.core.kafka_record import KafkaRecord, undecodable
 from outbox.core.partition_end import Partition
 from outbox.kafka_reading import KafkaReader, ReaderRole
+from outbox.settings import KafkaSettings
 from outbox_lake.names import typed_table_name
 from outbox_lake.query import arrow_dataset, display_text
 from outbox_lake.settings import LakeSettings
 from outbox_lake.storage import open_table
 from outbox_lake.tables import EVENTS, QUARANTINE
-from outbox_reconcile.records import TOPIC_PREFIX, copy_of, event_time_ms
+from outbox_reconcile.records import TOPIC_PREFIX, copy_of, earliest_copy_ms, event_time_ms
 from outbox_reconcile.run import Sources
 from outbox_reconcile.statements import ReconcileStatements
 from outbox_relay.database import libpq_conninfo
 
-__all__ = ["Lineage", "trace_event"]
+__all__ = ["Lineage", "trace_event", "trace_reader"]
 
 _ROLE = ReaderRole(client_id="outbox-trace", max_poll_records=5000)
 _STALL_SECONDS = 30.0
@@ -205,10 +212,22 @@ def _lake(sources: Sources, lineage: Lineage) -> None:
         )
 
 
-def _outbox(sources: Sources, lineage: Lineage) -> None:
-    statements = ReconcileStatements(sources.tables)
+@contextlib.contextmanager
+def _database(
+    sources: Sources, lent: psycopg.Connection[Any] | None
+) -> Iterator[psycopg.Connection[Any]]:
+    """The connection lent (left as it is), or trace's own, read-only, closed after."""
+    if lent is not None:
+        yield lent
+        return
     with psycopg.connect(libpq_conninfo(sources.database_url)) as connection:
         connection.read_only = True
+        yield connection
+
+
+def _outbox(sources: Sources, lineage: Lineage, lent: psycopg.Connection[Any] | None) -> None:
+    statements = ReconcileStatements(sources.tables)
+    with _database(sources, lent) as connection:
         row = connection.execute(statements.outbox_row, (lineage.event_id,)).fetchone()
         if row is not None:
             keys = (
@@ -235,10 +254,17 @@ def _outbox(sources: Sources, lineage: Lineage) -> None:
             lineage.dead_letter = dict(zip(dead_keys, dead, strict=True))
 
 
-def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
+def trace_reader(kafka: KafkaSettings | str) -> KafkaReader:
+    """A Kafka reader as trace opens its own, for a caller that keeps one to lend."""
+    return KafkaReader(kafka, _ROLE)
+
+
+def _kafka(
+    sources: Sources, lineage: Lineage, *, scan_kafka: bool, lent: KafkaReader | None
+) -> None:
     from kafka.partitioner.default import murmur2
 
-    reader = KafkaReader(sources.kafka, _ROLE)
+    reader = lent if lent is not None else trace_reader(sources.kafka)
     try:
         starts: dict[Partition, int] = {}
         if lineage.lake:
@@ -267,6 +293,13 @@ def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
             lineage.kafka_searched = "partition unknown: use --scan-kafka to search every topic"
         if not starts:
             return
+        if not lineage.lake:  # no copy is older than its event, less the clocks' margin
+            since = reader.offsets_for_times(
+                starts, earliest_copy_ms(event_time_ms(lineage.event_id))
+            )
+            ends = reader.ends(starts) if None in since.values() else {}
+            starts = {p: ends[p] if at is None else at for p, at in since.items()}
+            lineage.kafka_searched += ", from an hour before the event was built"
         # Retention may have deleted the start: read from the oldest record still there.
         beginnings = reader.beginnings(starts)
         starts = {p: max(offset, beginnings[p]) for p, offset in starts.items()}
@@ -307,7 +340,10 @@ def _kafka(sources: Sources, lineage: Lineage, *, scan_kafka: bool) -> None:
         # To each partition's end as it was when trace started (under load, never quiet).
         reader.read_to_end(starts, take, stall_seconds=_STALL_SECONDS)
     finally:
-        reader.close()
+        if lent is None:
+            reader.close()
+        else:  # as lent: nothing assigned (kafka-python keeps a partition paused otherwise)
+            reader.assign([])
 
 
 def _latency(lineage: Lineage) -> None:
@@ -323,12 +359,27 @@ def _latency(lineage: Lineage) -> None:
         lineage.latency["publish_to_queryable"] = (queryable - first).total_seconds()
 
 
-def trace_event(sources: Sources, event_id: str, *, scan_kafka: bool = False) -> Lineage:
+def trace_event(
+    sources: Sources,
+    event_id: str,
+    *,
+    scan_kafka: bool = False,
+    search_kafka: bool = True,
+    database: psycopg.Connection[Any] | None = None,
+    reader: KafkaReader | None = None,
+) -> Lineage:
+    """Where ``event_id`` is (see the module). ``search_kafka`` False: the outbox and the
+    lake only, in milliseconds (Kafka's search reads every record from the event's time, or
+    its lake copy's offset, to the partition's end). ``database`` and ``reader``: a
+    connection and a Kafka reader the caller keeps and lends (not thread-safe: one trace at
+    a time each); trace neither commits nor closes them, and leaves the reader with nothing
+    assigned. Without them it opens its own, and closes them."""
     lineage = Lineage(
         event_id=event_id, event_time=datetime.fromtimestamp(event_time_ms(event_id) / 1000, UTC)
     )
-    _outbox(sources, lineage)
+    _outbox(sources, lineage, database)
     _lake(sources, lineage)
-    _kafka(sources, lineage, scan_kafka=scan_kafka)
+    if search_kafka:
+        _kafka(sources, lineage, scan_kafka=scan_kafka, lent=reader)
     _latency(lineage)
     return lineage
