@@ -12,8 +12,11 @@ on loopback waited.
     python -m benchmarks.console_pages                       # about 2 minutes
     python -m benchmarks.console_pages --rate 2000 --requests 100
 
-The overview reads what each panel's thread last read (it never waits on a component); the
-lineage fragment runs ``outbox trace``, so it is measured apart from the pages.
+The overview reads what each panel's thread last read (it never waits on a component); an
+event's lineage runs ``outbox trace`` in two steps (the outbox and the lake, then Kafka
+searched), each measured, fewer times than the pages: for the event first written (delivered,
+its row deleted, no lake here: nothing to read on Kafka) and for the dead letter (its
+aggregate's partition read from an hour before it was built to its end: every record written).
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def main() -> None:
             stderr=subprocess.STDOUT,
         )
     committed: dict[uuid.UUID, float] = {}
-    seconds = 30 + args.requests * 0.5  # the writer outlasts the requests
+    seconds = 90 + args.requests * 0.5  # the writer outlasts the requests (and the lineages)
     writer = threading.Thread(
         target=paced_writes,
         args=(conninfo, aggregate_type, committed),
@@ -136,7 +139,10 @@ def main() -> None:
             "event page": f"/events?id={event_id}",
             "dead letters": "/dead-letters",
             "one dead letter": f"/dead-letters/relay/{huge.event_id}",
-            "lineage fragment (trace)": f"/fragments/lineage?id={event_id}",
+            "lineage 1: outbox, lake": f"/fragments/lineage?id={event_id}",
+            "lineage 2: Kafka searched": f"/fragments/lineage?id={event_id}&kafka=1",
+            "dead letter's lineage 1": f"/fragments/lineage?id={huge.event_id}",
+            "dead letter's lineage 2": f"/fragments/lineage?id={huge.event_id}&kafka=1",
         }
         print(
             f"console pages, {args.requests} requests each, while {args.rate:,} events/s are "
@@ -147,7 +153,7 @@ def main() -> None:
             f"{'client p95':>10}"
         )
         for name, path in pages.items():
-            count = args.requests if "trace" not in name else max(5, args.requests // 20)
+            count = args.requests if "lineage" not in name else max(5, args.requests // 20)
             server, client = [], []
             for _ in range(count):
                 took, waited, status = ask(base + path)
@@ -161,6 +167,12 @@ def main() -> None:
                 f"{name:<26} {percentile(server, 0.5):>10.1f} {percentile(server, 0.95):>10.1f} "
                 f"{percentile(client, 0.5):>10.1f} {percentile(client, 0.95):>10.1f}"
             )
+        print(
+            "lineage 1, 2: the two steps of an event's lineage (`outbox trace`), the second "
+            "with Kafka searched. A delivered event here has no row and no lake row: its "
+            "partition is unknown, nothing is read. The dead letter's aggregate partition is "
+            "read from an hour before it was built to its end: every record of the run."
+        )
         print(f"events committed meanwhile: {len(committed):,}; console log: {log}")
     finally:
         console.terminate()

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import importlib
 import secrets
 import time
 import uuid
@@ -34,6 +35,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from outbox_console.dead_letters import Outcome, Store
+from outbox_console.lineage import Tracer
 from outbox_console.panels import READERS, Panel, Pipeline, ago, delivery_path
 from outbox_console.security import COOKIE, Guard
 from outbox_console.settings import is_loopback
@@ -93,6 +95,7 @@ class Console:
             )
             store = Store(pipeline, self._engine)
         self.store = store
+        self.tracer = Tracer(pipeline, self._engine)
         self.watches = (
             watches
             if watches is not None
@@ -112,11 +115,14 @@ class Console:
     def start(self) -> None:
         for watch in self.watches:
             watch.start()
+        # trace's modules (Delta, Arrow) take a second to import: not on the first lineage
+        self.executor.submit(importlib.import_module, "outbox_reconcile.trace")
 
     def close(self) -> None:
         for watch in self.watches:
             watch.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.tracer.close()
         if self._engine is not None:
             self._engine.dispose()
 
@@ -213,26 +219,29 @@ def create_app(console: Console) -> Starlette:
         )
 
     async def lineage_fragment(request: Request) -> Response:
-        from outbox_reconcile.run import Sources
-        from outbox_reconcile.trace import trace_event
-
+        """The lineage in two steps: the outbox and the lake at once, then (this fragment
+        asks for itself again, ``kafka=1``) with Kafka searched, which may read a busy
+        partition for seconds."""
         event_id, wrong = event_id_of(request)
         if wrong or not event_id:
             return render(request, "_lineage.html", failure=wrong or "no event id", lineage=None)
         scan = scan_of(request)
-        pipeline = console.pipeline
-        sources = Sources(
-            database_url=pipeline.database_url,
-            tables=pipeline.outbox.tables,
-            kafka=pipeline.kafka,
-            lake=pipeline.lake,
-        )
+        search = request.query_params.get("kafka") == "1"
         found = await console.within(
-            settings.trace_seconds, lambda: trace_event(sources, event_id, scan_kafka=scan)
+            settings.trace_seconds if search else settings.answer_seconds,
+            lambda: console.tracer.trace(event_id, scan_kafka=scan, search_kafka=search),
         )
         if isinstance(found, Failure):
             return render(request, "_lineage.html", failure=found.reason, lineage=None)
-        return render(request, "_lineage.html", failure=None, lineage=found, scan=scan)
+        return render(
+            request,
+            "_lineage.html",
+            failure=None,
+            lineage=found,
+            scan=scan,
+            searching=not search,
+            trace_seconds=settings.trace_seconds,
+        )
 
     # -- dead letters -------------------------------------------------------------------------
 
