@@ -8,7 +8,9 @@ console``, a process):
   started again, the connector runs again and CDC delivers again;
 - an event published is found by its id, its lineage on one page;
 - a row too large for the relay becomes a dead letter, shows on the dead letters' page, and
-  is replayed from there (actions allowed) once CDC is back.
+  is replayed from there (actions allowed) once CDC is back;
+- a record an ``IdempotentConsumer`` could not handle (its handler always raises) shows
+  there too, and is replayed from its own page: the record is on its topic again.
 
 It saves the screenshots of docs/operations.md (docs/images/console-*.png).
 """
@@ -20,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
@@ -35,6 +39,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from outbox import Event, Outbox
+from outbox.consumer import IdempotentConsumer, ReceivedEvent
 from outbox.core.contract import event_id_of, topic_for
 from tests.fix_cdc import CdcPath, cdc_path_for
 from tests.fix_postgres import ROOT, free_port
@@ -159,6 +164,44 @@ def publish(bench: RelayBench, events: list[Event]) -> None:
         Outbox().publish_many(connection, events)
 
 
+class RefusingConsumer:
+    """An ``IdempotentConsumer`` whose handler always raises (one attempt), on a thread until
+    it has dead-lettered a record, or is stopped."""
+
+    def __init__(self, bench: RelayBench, topic: str) -> None:
+        self.engine = sa.create_engine(bench.database.url)
+        self.consumer = IdempotentConsumer(
+            name="console-refuser",
+            group_id=f"console-refuser-{uuid.uuid4().hex[:6]}",
+            topics=[topic],
+            bootstrap_servers=bench.kafka.bootstrap_servers,
+            begin=self.engine.begin,
+            handler=self.refuse,
+            max_attempts=1,
+            consumer_options={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        )
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def refuse(_connection: sa.Connection, event: ReceivedEvent) -> None:
+        raise RuntimeError(f"the handler refuses {event.event_id}")
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set() and self.consumer.stats.dead_lettered == 0:
+                self.consumer.poll_once(timeout_seconds=0.5)
+        finally:
+            self.consumer.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        self.engine.dispose()
+        assert not self.thread.is_alive(), "the refusing consumer did not stop within 30 s"
+
+
 def connect_down_then_back(cdc: CdcPath) -> Callable[[], None]:
     """Kill Connect; the function that starts it again (idempotent)."""
     connect = cdc.kafka.connect
@@ -200,6 +243,7 @@ def test_the_console_shows_the_pipeline_live_finds_events_and_replays_dead_lette
             tmp_path / "console.log",
         )
         start_connect: Callable[[], None] | None = None
+        refuser: RefusingConsumer | None = None
         try:
             wait_until(console.answers, timeout=60, what="the console answers")
             wait_until(lambda: relay.probe("/readyz") == 200, timeout=60, what="the relay is ready")
@@ -239,6 +283,8 @@ def test_the_console_shows_the_pipeline_live_finds_events_and_replays_dead_lette
                 lambda records: len(records) >= 1,
                 timeout=60,
             )
+            # A consumer that cannot handle it dead-letters it meanwhile (on its thread).
+            refuser = RefusingConsumer(relay_bench, topic_for(aggregate_type))
             browser.get(console.url + "/events")
             field = browser.find_element(By.ID, "event-id")
             field.send_keys(str(placed.event_id))
@@ -276,16 +322,25 @@ def test_the_console_shows_the_pipeline_live_finds_events_and_replays_dead_lette
             assert "cannot be reached" in panel(browser, "kafka-connect")[1]
             screenshot(browser, "overview-connect-down")
 
-            # The row too large for the relay is a dead letter, on the dead letters' page.
+            # The row too large for the relay is a dead letter, on the dead letters' page, and
+            # so is the record the consumer could not handle.
+            consumer_row = f'tr.consumer-letter[data-event-id="{placed.event_id}"]'
+
             def listed(b: WebDriver) -> bool:
                 b.get(console.url + "/dead-letters")
                 return bool(
                     b.find_elements(
                         By.CSS_SELECTOR, f'tr.relay-letter[data-event-id="{huge.event_id}"]'
                     )
+                    and b.find_elements(By.CSS_SELECTOR, consumer_row)
                 )
 
-            wait_for(browser, listed, timeout=60, what="the dead letter listed")
+            wait_for(browser, listed, timeout=60, what="both dead letters listed")
+            refuser.close()
+            assert (
+                "RuntimeError: the handler refuses"
+                in browser.find_element(By.CSS_SELECTOR, consumer_row).text
+            )
             screenshot(browser, "dead-letters")
 
             # Connect back: the connector runs again, CDC delivers again.
@@ -325,7 +380,39 @@ def test_the_console_shows_the_pipeline_live_finds_events_and_replays_dead_lette
             )
             delivered = {event_id_of(record.headers) for record in records}
             assert {placed.event_id, huge.event_id, small.event_id} <= delivered
+
+            # The consumer's dead letter, replayed from its page: its record is on the topic
+            # again (the consumer gone, nothing dead-letters the copy).
+            browser.get(console.url + "/dead-letters")
+            browser.find_element(By.CSS_SELECTOR, f"{consumer_row} a").click()
+            wait_for(
+                browser,
+                lambda b: b.find_elements(By.CSS_SELECTOR, "button.replay"),
+                timeout=30,
+                what="the consumer's dead letter on its own page",
+            )
+            assert "replay\npossible" in browser.find_element(By.CSS_SELECTOR, "dl.letter").text
+            browser.find_element(By.CSS_SELECTOR, "button.replay").click()
+            wait_for(
+                browser,
+                lambda b: (
+                    "replayed as" in b.find_element(By.ID, "outcome").text
+                    if b.find_elements(By.ID, "outcome")
+                    else False
+                ),
+                timeout=60,
+                what="the consumer replay's outcome",
+            )
+            assert not browser.find_elements(By.CSS_SELECTOR, consumer_row)
+            read_until(
+                kafka.bootstrap_servers,
+                topic_for(aggregate_type),
+                lambda found: [event_id_of(r.headers) for r in found].count(placed.event_id) >= 2,
+                timeout=60,
+            )
         finally:
+            if refuser is not None:
+                refuser.close()
             console.stop()
             if start_connect is not None:
                 start_connect()
