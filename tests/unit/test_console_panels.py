@@ -16,7 +16,16 @@ from outbox_connect.client import ConnectorState
 from outbox_connect.settings import ConnectorSettings
 from outbox_connect.status import ConnectStatus
 from outbox_console import Console, ConsoleSettings, Guard, Pipeline, create_app
-from outbox_console.panels import DOWN, OK, SLOW, WARN, Panel, RelayView, delivery_path
+from outbox_console.panels import (
+    DOWN,
+    OK,
+    SLOW,
+    WARN,
+    Panel,
+    RelayView,
+    delivery_path,
+    reconcile_panel,
+)
 from outbox_console.watch import Watch
 from outbox_lake.settings import LakeSettings
 
@@ -120,3 +129,48 @@ def test_a_component_down_is_a_page_that_says_so_never_a_server_error(
         assert letters.status_code == 200
         assert "The database did not answer: OSError: connection to server" in letters.text
         assert "app;dur=" in letters.headers["Server-Timing"]
+
+
+def reconcile_pipeline(tmp_path: Path, metrics_file: Path | None) -> Pipeline:
+    return Pipeline(
+        console=ConsoleSettings(reconcile_metrics_file=metrics_file),
+        database_url="postgresql+psycopg://u:p@127.0.0.1:1/x",
+        outbox=OutboxSettings(),
+        connector=ConnectorSettings(),
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+        lake=LakeSettings(root=str(tmp_path)),
+    )
+
+
+def test_reconcile_findings_show_down_by_kind_and_aggregate_from_its_metrics_file(
+    tmp_path: Path,
+) -> None:
+    from outbox_reconcile.findings import Finding, Report
+    from outbox_reconcile.metrics import ReconcileMetrics
+
+    path = tmp_path / "outbox_reconcile.prom"
+    assert "not set up" in reconcile_panel(reconcile_pipeline(tmp_path, None)).summary
+    assert "no run yet" in reconcile_panel(reconcile_pipeline(tmp_path, path)).summary
+
+    metrics = ReconcileMetrics()  # the file as `outbox reconcile --metrics-file` writes it
+    metrics.record(
+        Report(
+            "all",
+            [Finding("dead_letter", "order", 2), Finding("missing_in_lake", "payment", 1)],
+            {"lake_pending_ingest": 40},
+        )
+    )
+    metrics.write(str(path))
+    found = reconcile_panel(reconcile_pipeline(tmp_path, path))
+    assert (found.state, found.summary) == (DOWN, "3 finding(s) in the last run")
+    facts = {fact.label: (fact.value, fact.tone) for fact in found.facts}
+    assert facts["dead_letter [order]"] == ("2", DOWN)
+    assert facts["missing_in_lake [payment]"] == ("1", DOWN)
+    assert facts["not in the lake yet"] == ("40 events (not judged)", "")
+    assert facts["last run"][0].endswith("s ago")
+
+    clean = ReconcileMetrics()
+    clean.record(Report("all", [], {}))
+    clean.write(str(path))
+    quiet = reconcile_panel(reconcile_pipeline(tmp_path, path))
+    assert quiet.state == OK and quiet.summary.startswith("no findings in the last run")
