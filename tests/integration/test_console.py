@@ -12,7 +12,9 @@ console``, a process):
 - a record an ``IdempotentConsumer`` could not handle (its handler always raises) shows
   there too, and is replayed from its own page: the record is on its topic again.
 
-It saves the screenshots of docs/operations.md (docs/images/console-*.png).
+It makes the screenshots of docs/operations.md: into the folder ``OUTBOX_CONSOLE_SCREENSHOTS``
+names (``OUTBOX_CONSOLE_SCREENSHOTS=docs/images`` refreshes the docs' own), else into a
+temporary folder, so a run leaves the checkout as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 import uuid
@@ -48,7 +51,11 @@ from tests.kafka_read import read_until
 
 pytestmark = pytest.mark.timeout(900)
 
-IMAGES = ROOT / "docs" / "images"
+IMAGES = (
+    ROOT / os.environ["OUTBOX_CONSOLE_SCREENSHOTS"]
+    if os.environ.get("OUTBOX_CONSOLE_SCREENSHOTS")
+    else Path(tempfile.gettempdir()) / "outbox-console-screenshots"
+)
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
@@ -92,7 +99,7 @@ def delivery(browser: WebDriver) -> str:
 
 
 def screenshot(browser: WebDriver, name: str) -> None:
-    """The page, whole, as docs/images/console-NAME.png."""
+    """The page, whole, as console-NAME.png in :data:`IMAGES`."""
     height = int(browser.execute_script("return document.documentElement.scrollHeight"))
     metrics = {"width": 1400, "height": min(max(height, 700), 3000), "deviceScaleFactor": 1}
     browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "mobile": False})
