@@ -25,7 +25,12 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from outbox import Event, Outbox, new_event_id
 from outbox.core.contract import topic_for
+from outbox.settings import KafkaSettings, OutboxSettings
+from outbox_connect.settings import ConnectorSettings
+from outbox_console import ConsoleSettings, Pipeline
+from outbox_console.panels import Panel, lake_panel
 from outbox_lake.names import typed_table_name
+from outbox_lake.settings import LakeSettings
 from tests.fix_lake import (
     batches_landed,
     continuous_ingest,
@@ -708,10 +713,28 @@ def test_sigterm_finishes_the_batch_exits_0_and_loses_nothing(
 
     def the_lag_gauge_goes_down() -> None:
         """Consumer lag, from the query's progress: thousands of records still to read, then
-        fewer as batches land."""
+        fewer as batches land; the console's lake panel shows it per partition."""
         wait_until(lambda: lag() > 5000, timeout=60, what="the lag gauge shows the backlog")
+        panel = console_lake_panel()
+        lags = {f.label: f.value for f in panel.facts if f.label.startswith("lag ")}
+        assert lags.keys() == {f"lag {topic_for(aggregate_type)}[0]"}, panel.facts
+        assert all(value.endswith(" records") and value != "0 records" for value in lags.values())
+        assert any(f.label == "last batch" and "since start" in f.value for f in panel.facts)
+        assert panel.state == "warn" and "behind Kafka by" in panel.summary, panel.summary
         first = lag()
         wait_until(lambda: 0 <= lag() < first, timeout=120, what="the lag gauge goes down")
+
+    def console_lake_panel() -> Panel:
+        """What `outbox console` shows of this lake and its running job."""
+        pipeline = Pipeline(
+            console=ConsoleSettings(lake_metrics_url=f"http://127.0.0.1:{port}"),
+            database_url="postgresql+psycopg://unused@127.0.0.1:1/unused",
+            outbox=OutboxSettings(),
+            connector=ConnectorSettings(),
+            kafka=KafkaSettings(bootstrap_servers=bootstrap),
+            lake=LakeSettings(root=str(root), topic_pattern=env["OUTBOX_LAKE_TOPIC_PATTERN"]),
+        )
+        return lake_panel(pipeline)
 
     landed_before = 0
     for run, to_the_group in enumerate((False, True)):
