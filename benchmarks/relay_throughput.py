@@ -37,6 +37,7 @@ from benchmarks._results import Results
 from benchmarks._shared import broker_name, fresh_database, postgres_and_broker, stack_names
 from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for
+from outbox_relay.collector import collect_young_rarely
 from outbox_relay.database import OutboxRow, RelayDatabase
 from outbox_relay.producer import ContractProducer
 from outbox_relay.service import Relay
@@ -199,6 +200,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="also write the figures to this JSON file")
     arguments = parser.parse_args()
+    # The garbage collector's thresholds of `outbox relay run`, for the whole process: the bare
+    # producer and the relay's producer alone run under them too.
+    collect_young_rarely()
     results = Results("relay_throughput", arguments.json)
     stack = postgres_and_broker()
     results.data["stack"] = stack_names(stack, connect=False)
