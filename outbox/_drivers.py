@@ -218,10 +218,12 @@ def _rowcount(rowcount: int, statement: Statement) -> Rows:
 def check_psycopg_transaction(
     connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
 ) -> None:
-    status = connection.info.transaction_status
-    in_pipeline = connection.pgconn.pipeline_status != pq.PipelineStatus.OFF
+    # libpq's own status (an int): ``connection.info`` builds an object and an enum per call,
+    # and this runs before every publish.
+    status = connection.pgconn.transaction_status
     if status == pq.TransactionStatus.INTRANS:
         return
+    in_pipeline = connection.pgconn.pipeline_status != pq.PipelineStatus.OFF
     if status == pq.TransactionStatus.ACTIVE and in_pipeline and not connection.autocommit:
         return  # statements queued in a pipeline; the transaction began with the first of them
     if status == pq.TransactionStatus.INERROR:

@@ -58,6 +58,7 @@ __all__ = [
     "CONSUMER_OUTCOMES",
     "MAX_LINKS",
     "Processing",
+    "creates_spans",
     "creating",
     "landing",
     "link",
@@ -83,6 +84,34 @@ def _tracer() -> Tracer | None:
     except ImportError:
         return None
     return trace.get_tracer("outbox")
+
+
+def creates_spans() -> bool:
+    """Whether :func:`creating` could start a span or give an event a ``traceparent`` now.
+
+    False without ``opentelemetry-api``, and with the API's own tracer while no SDK is
+    configured and no span is current: then ``creating`` would yield the events as they
+    are. A publish asks this first and skips ``creating`` when False: building the one
+    no-op span that finds it out cost half of the SDK's Python per publish
+    (benchmarks/notes.md)."""
+    tracer = _tracer()
+    if tracer is None:
+        return False
+    from opentelemetry import trace
+
+    if not isinstance(tracer, trace.ProxyTracer):
+        return True  # an SDK's tracer (configured before ours was made), or one given to us
+    # The global the API's proxy tracer itself reads to find an SDK (get_tracer_provider()
+    # looks the environment up on every call: a third of this check's time). Should the
+    # API rename it, the public call decides.
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is _UNKNOWN:
+        provider = trace.get_tracer_provider()
+        provider = None if isinstance(provider, trace.ProxyTracerProvider) else provider
+    return provider is not None or trace.get_current_span().get_span_context().is_valid
+
+
+_UNKNOWN = object()
 
 
 def traceparent_of(span: Span) -> str | None:

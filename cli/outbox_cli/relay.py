@@ -38,6 +38,7 @@ def run(
     """
     from outbox.settings import DatabaseSettings, OutboxSettings
     from outbox_connect.settings import ConnectorSettings
+    from outbox_relay.collector import collect_young_rarely
     from outbox_relay.database import libpq_conninfo
     from outbox_relay.health import HealthServer
     from outbox_relay.logs import configure_json_logging
@@ -52,6 +53,7 @@ def run(
     database_url = load(DatabaseSettings).database_url.get_secret_value()
     tables = load(OutboxSettings).tables
     configure_json_logging(log_level.upper())
+    collect_young_rarely()  # this process only relays: its batches die young (the module says)
     # The replication slots' state for /metrics, read on a thread and connection of its own.
     slots = SlotWatch(libpq_conninfo(database_url))
     relay = Relay(

@@ -122,7 +122,13 @@ def _encode_plain(value: object) -> str | None:
 
 
 def _is_plain_dict(value: dict[Any, Any]) -> bool:
-    return all(type(key) is str and _is_plain(item) for key, item in value.items())
+    # A loop, scalars judged inline: a flat payload (the usual one) costs no call per field.
+    for key, item in value.items():
+        if type(key) is not str:
+            return False
+        if type(item) not in _PLAIN_SCALARS and not _is_plain(item):
+            return False
+    return True
 
 
 def _is_plain(item: object) -> bool:

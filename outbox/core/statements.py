@@ -132,6 +132,12 @@ class OutboxStatements:
         return self._insert_values(tuple(f"%({name})s" for name in ROW_PARAMETERS))
 
     @cached_property
+    def insert_event_positional(self) -> str:
+        """:attr:`insert_event` with positional parameters (``%s``, in
+        :data:`ROW_PARAMETERS` order): for psycopg, which binds a tuple with less work."""
+        return self._insert_values(("%s",) * len(ROW_PARAMETERS))
+
+    @cached_property
     def insert_events(self) -> str:
         """Insert the batch's rows in order; the table's trigger assigns their positions."""
         return (

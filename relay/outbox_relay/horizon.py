@@ -32,8 +32,8 @@ yet (never at or below ``final``), a read misses a present row only three ways, 
 covered when the candidate is computed or applied:
 
 - beyond its window: a full read's candidate stays at or below its last row;
-- in flight (the batch being sent, skipped): that batch is answered before the candidate is
-  applied, so such a row is delivered, or held (refused) by then;
+- in flight (the batch being sent, left out of the read): that batch is answered before the
+  candidate is applied, so such a row is delivered, or held (refused) by then;
 - of an aggregate its query left out (it waits): the exclusion list comes with each
   aggregate's first waiting row, taken together under one lock, and the candidate stays
   below it (``excluded``). The aggregate's other rows are all above that row.

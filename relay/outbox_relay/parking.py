@@ -22,7 +22,7 @@ database thread reads.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 __all__ = ["Parking"]
@@ -59,6 +59,18 @@ class Parking:
             self._until.pop(aggregate, None)
             self._pause.pop(aggregate, None)
             self._first_waiting.pop(aggregate, None)
+
+    def delivered_all(self, aggregates: Iterable[Hashable]) -> None:
+        """:meth:`delivered` for each of ``aggregates``. While no aggregate has failed since
+        its last acknowledgement (the usual case), nothing to do: ``aggregates`` is not even
+        iterated. Called by the thread that parks (only it adds pauses)."""
+        if not self._pause:
+            return
+        with self._lock:
+            for aggregate in aggregates:
+                self._until.pop(aggregate, None)
+                self._pause.pop(aggregate, None)
+                self._first_waiting.pop(aggregate, None)
 
     def count(self, now: float) -> int:
         """Aggregates whose pause is running."""

@@ -71,7 +71,10 @@ class PendingBatch:
     """Rows handed to the producer, their futures, and what failed at once."""
 
     rows: list[OutboxRow]
-    sent: list[tuple[OutboxRow, Any]] = field(default_factory=list)
+    sent: list[OutboxRow] = field(default_factory=list)
+    futures: list[Any] = field(default_factory=list)
+    """``futures[i]`` answers for ``sent[i]``: two lists, not a list of pairs, so that a
+    batch leaves no pair object per record for the garbage collector to walk."""
     rejected: list[tuple[str, str]] = field(default_factory=list)
     retry: list[Retry] = field(default_factory=list)
     failure: str | None = None
@@ -91,6 +94,18 @@ class ContractProducer:
         self._settings = settings
         kafka = kafka_settings(kafka)
         delivery_ms = int(settings.delivery_timeout_seconds * 1000)
+        # How the throughput settings were chosen (benchmarks/notes.md, "The relay's database
+        # side"):
+        # - linger: the relay hands the producer a whole read at once (5,000 rows by default),
+        #   so record batches fill up by size, not by time; linger only holds the tail of each
+        #   read and a lone event (5 ms by default: a latency bound, not a throughput lever).
+        # - batch size 256 KiB: well over a thousand small events per produce request, so a
+        #   read takes a few requests (each an acks=all round trip) rather than the dozens of
+        #   kafka-python's 16 KiB default; OUTBOX_RELAY_MAX_REQUEST_BYTES caps a request.
+        # - no compression: events are small JSON and the broker is near; gzip (the one codec
+        #   without an extra package) cost the producer's network thread and the broker about
+        #   0.5 s of CPU each per 100,000 events, on cores the relay is short of, to save
+        #   bandwidth it is not short of.
         options = dict(
             client_options(kafka, client_id="outbox-relay"),
             metrics_enabled=False,  # its per-topic names collide for a.b and a_b
@@ -136,7 +151,8 @@ class ContractProducer:
                     return pending
                 pending.retry.append(_retry(row, error))
                 continue
-            pending.sent.append((row, future))
+            pending.sent.append(row)
+            pending.futures.append(future)
         return pending
 
     def wait(self, pending: PendingBatch) -> BatchOutcome:
@@ -148,7 +164,7 @@ class ContractProducer:
             return outcome
         deadline = time.monotonic() + self._settings.delivery_timeout_seconds
         unreachable = False
-        for row, future in pending.sent:
+        for row, future in zip(pending.sent, pending.futures, strict=True):
             if not future.is_done:
                 with contextlib.suppress(KafkaError):  # judged below, from the future
                     future.get(timeout=max(0.0, deadline - time.monotonic()))

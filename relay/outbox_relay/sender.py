@@ -75,9 +75,9 @@ class Sender:
                 raise BatchNotAcknowledged(f"{len(rows)} rows: {outcome.failure}")
         self._metrics.publish_seconds.observe(time.monotonic() - started)
         delivered = set(outcome.delivered)
-        for row in rows:
-            if row.id in delivered:
-                self._parking.delivered((row.aggregate_type, row.key))
+        self._parking.delivered_all(
+            (row.aggregate_type, row.key) for row in rows if row.id in delivered
+        )
         if outcome.retry:
             self.close()
             now = time.monotonic()
@@ -95,7 +95,9 @@ class Sender:
                     retry.reason.splitlines()[0][:300],
                 )
             self._metrics.parked.set(self._parking.count(now))
-        self._horizon.release([row.position for row in rows if row.id not in outcome.retry_ids])
+        if self._horizon.held:  # only this thread holds and releases: no list while none
+            retry_ids = outcome.retry_ids
+            self._horizon.release([row.position for row in rows if row.id not in retry_ids])
         return outcome
 
     def waiting(self) -> dict[Aggregate, int]:
@@ -112,6 +114,10 @@ class Sender:
         row (it was in flight), so what it found of the aggregate is newer than a row that
         waits, even when the pause is over by now (a database cycle longer than the pause)."""
         now = time.monotonic()
+        parked = self._parking.count(now)
+        self._metrics.parked.set(parked)
+        if not parked and not refused_while_read:
+            return rows
         admitted = []
         for row in rows:
             aggregate = (row.aggregate_type, row.key)
@@ -119,7 +125,6 @@ class Sender:
                 self._horizon.hold(row.position)
             else:
                 admitted.append(row)
-        self._metrics.parked.set(self._parking.count(now))
         return admitted
 
     def reset(self) -> None:

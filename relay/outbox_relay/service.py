@@ -25,6 +25,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -194,15 +195,15 @@ class Relay:
         """Publish batch after batch; the database work of one overlaps the sending of another.
 
         One database thread, one connection (the leader's session), statements in order:
-        each cycle deletes the batch acknowledged last, then reads the next one (skipping the
-        rows of the batch still being sent), while this thread sends the current batch and
-        waits for its acknowledgements. Records leave in position order; a row leaves the
-        table only after its record was acknowledged; the floor moves only over delivered
-        rows. A failure abandons what is in flight: those rows are published again.
+        each cycle deletes the batch acknowledged last, then reads the next one (the server
+        leaves out the rows of the batch still being sent), while this thread sends the
+        current batch and waits for its acknowledgements. Records leave in position order; a
+        row leaves the table only after its record was acknowledged; the floor moves only over
+        delivered rows. A failure abandons what is in flight: those rows are published again.
         """
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-db") as database:
             acked: _InFlight | None = None
-            read = self._database_cycle(None, frozenset())
+            read = self._database_cycle(None, ())
             # The aggregates refused by the batch that was in flight while `read` was read.
             refused_while_read: frozenset[Aggregate] = frozenset()
             while not stop.is_set():
@@ -211,7 +212,7 @@ class Relay:
                 if not rows:
                     # Nothing to send (nothing new, or only aggregates that wait): finish what
                     # was acknowledged, then the read's floor (held below waiting rows).
-                    following = self._database_cycle(acked, frozenset())
+                    following = self._database_cycle(acked, ())
                     acked = None
                     self._horizon.advance(read.candidate)
                     self.metrics.floor.set(self._horizon.floor)
@@ -221,8 +222,8 @@ class Relay:
                         break
                     read, refused_while_read = following, frozenset()
                     continue
-                skip = frozenset(row.id for row in rows)
-                cycle = database.submit(self._database_cycle, acked, skip)
+                in_flight = [row.position for row in rows]
+                cycle = database.submit(self._database_cycle, acked, in_flight)
                 try:
                     outcome = self._sender.publish(rows)
                 finally:
@@ -233,25 +234,29 @@ class Relay:
             if acked is not None:  # stopping: the acknowledged batch leaves the table first
                 self._finish(acked)
 
-    def _database_cycle(self, acked: _InFlight | None, skip: frozenset[str]) -> _Read:
-        """Finish the acknowledged batch, then read the next (runs on the database thread)."""
+    def _database_cycle(self, acked: _InFlight | None, in_flight: Sequence[int]) -> _Read:
+        """Finish the acknowledged batch, then read the next, leaving out the rows at the
+        positions ``in_flight`` (runs on the database thread)."""
         self._database.renew_if_due()
         if acked is not None:
             self._finish(acked)
         self._report_backlog()
         self._observe_horizon()
-        fetch = self.settings.batch_size + len(skip)
+        limit = self.settings.batch_size
         waiting = self._sender.waiting()  # the read's exclusions and their floor, taken together
-        read = self._database.read(self._horizon.floor, fetch, list(waiting))
+        read = self._database.read(self._horizon.floor, limit, list(waiting), in_flight)
         candidate = self._horizon.candidate(
-            [row.position for row in read], limit=fetch, excluded=waiting.values()
+            [row.position for row in read], limit=limit, excluded=waiting.values()
         )
-        return _Read([row for row in read if row.id not in skip], candidate)
+        return _Read(read, candidate)
 
     def _finish(self, batch: _InFlight) -> None:
         """Delete what the broker took, dead-letter what it refused; the floor moves on."""
         outcome = batch.outcome
-        self._database.finish(outcome.delivered, outcome.rejected)
+        positions = [row.position for row in batch.rows]
+        self._database.finish(
+            outcome.delivered, outcome.rejected, between=(min(positions), max(positions))
+        )
         self._horizon.advance(batch.candidate)
         self.metrics.floor.set(self._horizon.floor)
         self.metrics.published.inc(len(outcome.delivered))

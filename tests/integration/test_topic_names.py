@@ -9,6 +9,7 @@ aggregate type the SDK refuses, so a hand-written INSERT cannot create a poison 
 
 from __future__ import annotations
 
+import string
 import threading
 import uuid
 
@@ -58,6 +59,24 @@ def test_a_hand_written_row_with_an_invalid_aggregate_type_is_refused(
                         " VALUES (gen_random_uuid(), %s, '1', 'X', '{}')",
                         (bad,),
                     )
+
+
+def test_every_aggregate_type_the_sdk_accepts_passes_the_databases_check(
+    database: ScratchDatabase,
+) -> None:
+    """The CHECK is the SDK's rule (outbox_0010 writes its length apart from the pattern):
+    the shortest, the longest and every character of the alphabet pass."""
+    alphabet = string.ascii_letters + string.digits + "._-"
+    with database.connect() as connection:
+        for good in ("x", "y" * 200, alphabet):
+            Event(good, "1", "X", {})  # the SDK's own check
+            with connection.transaction():
+                connection.execute(
+                    "INSERT INTO outbox.outbox (id, aggregatetype, aggregateid, type, payload)"
+                    " VALUES (gen_random_uuid(), %s, '1', 'X', '{}')",
+                    (good,),
+                )
+                raise psycopg.Rollback  # leaves the registry without these types
 
 
 def published_types(database: ScratchDatabase, base: str) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from outbox_relay.horizon import Horizon
 from outbox_relay.parking import Parking
 
@@ -33,6 +35,21 @@ def test_a_parked_aggregate_comes_with_its_lowest_refused_position_until_deliver
     assert parking.parked(6.5) == {"a": 15}
     parking.clear()
     assert parking.parked(6.5) == {}
+
+
+def test_delivered_all_forgets_each_aggregate_and_reads_nothing_while_none_failed() -> None:
+    parking = Parking(first_seconds=1.0, max_seconds=8.0)
+
+    def never_read() -> Iterator[str]:
+        raise AssertionError("iterated while no aggregate had failed")
+        yield "a"
+
+    parking.delivered_all(never_read())  # the relay's usual batch: nothing to forget
+    parking.park("a", 0.0, 10)
+    parking.park("b", 0.0, 20)
+    parking.delivered_all(iter(["a", "c"]))
+    assert parking.parked(0.5) == {"b": 20}
+    assert parking.park("a", 1.0, 30) == 1.0  # starts from scratch
 
 
 def test_the_floor_stays_below_a_held_row_until_it_is_released() -> None:

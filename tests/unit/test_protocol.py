@@ -10,8 +10,17 @@ from typing import Any
 import pytest
 
 from outbox import DedupKeyUnavailableError, Event, EventError
-from outbox.core.protocol import Claim, Rows, claim_message, in_lock_order, publish_events
+from outbox.core.protocol import (
+    Claim,
+    Rows,
+    claim_message,
+    in_lock_order,
+    publish_events,
+    single_row_event,
+    single_row_values,
+)
 from outbox.core.statements import (
+    ROW_PARAMETERS,
     OutboxStatements,
     Result,
     Statement,
@@ -110,6 +119,20 @@ def test_the_batch_carries_every_field_in_lock_order(size: int) -> None:
         }
     keys = [(row["aggregatetype"], row["aggregateid"]) for row in rows]
     assert keys == sorted(keys)
+
+
+def test_only_one_event_without_a_key_is_a_single_row() -> None:
+    """The shortcut of the adapters (one row of VALUES, nothing to read back) is taken for
+    exactly the calls ``publish_events`` answers with ``insert_event``."""
+    plain = Event("order", "1", "E", {"n": 1}, headers={"tenant": "t"})
+    assert single_row_event([plain]) is plain
+    assert single_row_event([Event("order", "1", "E", {}, dedup_key="k")]) is None
+    assert single_row_event([plain, plain]) is None
+    assert single_row_event([]) is None
+    seen, _ = publish([plain], [[]])
+    values = single_row_values(plain, max_payload_bytes=10_000)
+    assert seen[0].params == dict(zip(ROW_PARAMETERS, values, strict=True))
+    assert STATEMENTS.insert_event_positional.count("%s") == len(ROW_PARAMETERS)
 
 
 def test_lock_order_keeps_each_aggregates_own_order() -> None:

@@ -257,26 +257,43 @@ class ModelDatabase:
     def oldest_running_xid(self) -> int:
         return self._xid + 1  # every writer ended at once
 
-    def read(self, floor: int, limit: int, excluding: Sequence[Aggregate] = ()) -> list[OutboxRow]:
+    def read(
+        self,
+        floor: int,
+        limit: int,
+        excluding: Sequence[Aggregate] = (),
+        in_flight: Sequence[int] = (),
+    ) -> list[OutboxRow]:
         left_out = set(excluding)
+        skipped = set(in_flight)
 
         def select() -> list[OutboxRow]:
             rows = self._model.rows
             return [
                 rows[p]
                 for p in sorted(rows)
-                if p > floor and (rows[p].aggregate_type, rows[p].key) not in left_out
+                if p > floor
+                and p not in skipped
+                and (rows[p].aggregate_type, rows[p].key) not in left_out
             ][:limit]
 
         rows: list[OutboxRow] = self._around(select)
         return rows
 
-    def finish(self, delivered: Sequence[str], rejected: Sequence[tuple[str, str]]) -> None:
+    def finish(
+        self,
+        delivered: Sequence[str],
+        rejected: Sequence[tuple[str, str]],
+        between: tuple[int, int],
+    ) -> None:
         gone = {*delivered, *(event_id for event_id, _ in rejected)}
+        lowest, highest = between
 
         def delete() -> None:
             rows = self._model.rows
             for position in [p for p, row in rows.items() if row.id in gone]:
+                if not lowest <= position <= highest:  # the statement would leave it
+                    self._model.violations.append(f"row {position} outside {between}")
                 del rows[position]
 
         self._around(delete)

@@ -113,15 +113,24 @@ class TableDatabase:
     def backlog(self) -> Backlog:
         return Backlog(len(self.scenario.table), 0.0, 0, {})
 
-    def read(self, floor: int, limit: int, excluding: Sequence[Aggregate] = ()) -> list[OutboxRow]:
+    def read(
+        self,
+        floor: int,
+        limit: int,
+        excluding: Sequence[Aggregate] = (),
+        in_flight: Sequence[int] = (),
+    ) -> list[OutboxRow]:
         scenario = self.scenario
         left_out = set(excluding)
+        skipped = set(in_flight)
         with self._lock:
             rows = sorted(
                 (
                     r
                     for r in scenario.table.values()
-                    if r.position > floor and aggregate_of(r) not in left_out
+                    if r.position > floor
+                    and aggregate_of(r) not in left_out
+                    and r.position not in skipped
                 ),
                 key=lambda r: r.position,
             )[:limit]
@@ -133,7 +142,12 @@ class TableDatabase:
         scenario.on_read(excluding)
         return rows
 
-    def finish(self, delivered: Sequence[str], rejected: Sequence[tuple[str, str]]) -> None:
+    def finish(
+        self,
+        delivered: Sequence[str],
+        rejected: Sequence[tuple[str, str]],
+        between: tuple[int, int],
+    ) -> None:
         self.scenario.before_finish(delivered)
         with self._lock:
             for event_id in [*delivered, *(event_id for event_id, _ in rejected)]:

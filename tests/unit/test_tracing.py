@@ -26,7 +26,7 @@ from outbox.core.contract import record_for
 from outbox.core.effects import EffectOutcome, EffectStep, StepState
 from outbox.core.kafka_record import KafkaRecord
 from outbox.core.protocol import Claim
-from outbox.tracing import creating, performed, processing, traceparent_of
+from outbox.tracing import creates_spans, creating, performed, processing, traceparent_of
 from outbox_relay.database import OutboxRow
 from outbox_relay.horizon import Horizon
 from outbox_relay.metrics import RelayMetrics
@@ -51,6 +51,28 @@ def test_with_the_sdk_off_no_traceparent_is_invented() -> None:
     with creating([_event()]) as events:
         pass
     assert events[0].traceparent is None
+
+
+def test_with_no_sdk_and_no_current_span_a_publish_skips_creating_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``creates_spans()`` says False exactly where ``creating`` would yield the events as
+    they are: the API's own tracer, no SDK, no current span. A current span's context (a
+    caller propagating a trace without an SDK) still reaches the event."""
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr("outbox.tracing._tracer", lambda: trace.ProxyTracer("outbox"))
+    given = [_event(), _event(traceparent=GIVEN)]
+    assert not creates_spans()
+    with creating(given) as events:
+        assert events == given
+    context = trace.SpanContext(
+        int(GIVEN.split("-")[1], 16), int(GIVEN.split("-")[2], 16), is_remote=True
+    )
+    with trace.use_span(trace.NonRecordingSpan(context)):
+        assert creates_spans()
+        with creating([_event()]) as events:
+            assert events[0].traceparent is not None
+            assert events[0].traceparent.split("-")[1] == GIVEN.split("-")[1]
 
 
 def _event(**changes: object) -> Event:
