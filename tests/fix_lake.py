@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 from deltalake import DeltaTable
@@ -24,6 +24,9 @@ from outbox import new_event_id
 from outbox.core.contract import ContractRecord, record_for
 from tests.cli import run_outbox
 from tests.fix_postgres import ROOT
+
+if TYPE_CHECKING:
+    from outbox_lake.metrics import LakeMetrics
 
 
 def lake_env(root: Path | str, prefix: str, bootstrap: str, **extra: str) -> dict[str, str]:
@@ -59,7 +62,7 @@ master, jars, object store), which the suite's runs share."""
 _shared_spark: Any = None
 
 
-def ingested(env: dict[str, str], *, timeout: float = 400) -> None:
+def ingested(env: dict[str, str], *, timeout: float = 400) -> LakeMetrics | None:
     """The job over what Kafka holds now, which must succeed.
 
     A local lake with only :data:`IN_PROCESS_SETTINGS` runs in this process: the job's own
@@ -68,9 +71,12 @@ def ingested(env: dict[str, str], *, timeout: float = 400) -> None:
     seconds instead of a minute). Any other runs the command (:func:`ingested_by_command`).
     The command's own behaviour (exit codes, messages, signals, kills) is tested through
     :func:`ingest` and :func:`continuous_ingest`."""
-    if set(env) <= IN_PROCESS_SETTINGS and ingest_in_process(env):
-        return
+    if set(env) <= IN_PROCESS_SETTINGS:
+        metrics = ingest_in_process(env)
+        if metrics is not None:
+            return metrics
     ingested_by_command(env, timeout=timeout)
+    return None
 
 
 def ingested_by_command(
@@ -80,9 +86,11 @@ def ingested_by_command(
     done = ingest(env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
-    assert re.search(r"^lake ingest: [\d,]+ batches, [\d,]+ events landed", done.stderr, re.M), (
-        "the job ends with its summary line"
-    )
+    assert re.search(
+        r"^lake ingest: [\d,]+ batches \([\d,]+ in two jobs\), [\d,]+ events landed",
+        done.stderr,
+        re.M,
+    ), "the job ends with its summary line"
     return done
 
 
@@ -98,7 +106,7 @@ def refusal(env: dict[str, str], *, by_command: bool = False) -> str:
             ran = ingest_in_process(env)
         except OutboxError as error:  # what the command says after "lake ingest stopped: "
             return f"lake ingest stopped: {type(error).__name__}: {error}"
-        assert not ran, "the job ingested what it had to refuse"
+        assert ran is None, "the job ingested what it had to refuse"
     done = ingest(env)
     assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
     said = [line for line in done.stderr.splitlines() if line.startswith("lake ingest stopped: ")]
@@ -106,22 +114,26 @@ def refusal(env: dict[str, str], *, by_command: bool = False) -> str:
     return said[0]
 
 
-def ingest_in_process(env: dict[str, str]) -> bool:
-    """Run the job here on the shared session; False (nothing run) for a lake that is not
-    local (its store's settings are the Spark session's)."""
+def ingest_in_process(env: dict[str, str]) -> LakeMetrics | None:
+    """Run the job here on the shared session: its metrics; None (nothing run) for a lake
+    that is not local (its store's settings are the Spark session's)."""
     from outbox_cli._common import kafka_settings, load
     from outbox_cli.lake import with_spark_jars
     from outbox_lake.ingest import Ingest
+    from outbox_lake.metrics import LakeMetrics
     from outbox_lake.settings import LakeSettings
 
     with mock.patch.dict(os.environ, env):
         settings = load(LakeSettings)
         if not settings.is_local:
-            return False
+            return None
         settings = with_spark_jars(settings)
         kafka = kafka_settings()
-    Ingest(shared_spark(settings), settings, kafka).run(threading.Event(), available_now=True)
-    return True
+    metrics = LakeMetrics()
+    Ingest(shared_spark(settings), settings, kafka, metrics).run(
+        threading.Event(), available_now=True
+    )
+    return metrics
 
 
 def shared_spark(settings: Any = None) -> Any:

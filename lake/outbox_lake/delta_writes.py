@@ -29,9 +29,17 @@ from outbox_lake.storage import is_table, open_table, storage_options
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["IdRange", "append", "append_absent", "create_table", "id_ranges", "within"]
+__all__ = [
+    "IdRange",
+    "PendingAppend",
+    "append",
+    "append_absent",
+    "create_table",
+    "id_ranges",
+    "within",
+]
 
 log = logging.getLogger("outbox.lake.writes")
 
@@ -202,6 +210,114 @@ def append(rows: DataFrame, uri: str, options: Mapping[str, str] | None = None) 
     for name, value in (options or {}).items():
         writer = writer.option(name, value)
     writer.save(uri)
+
+
+class PendingAppend:
+    """An append in two steps, as Delta's own streaming sink makes it: the rows' files are
+    written first (nothing is visible: the table's log does not name them), then either
+    committed in one Delta commit or discarded. Between the two the caller may look at what
+    was written and decide. Delta's transaction API (``OptimisticTransaction``: the one its
+    writers use) through Spark's JVM; the table's one writer is this job (an append never
+    conflicts with a compaction)."""
+
+    def __init__(self, spark: SparkSession, uri: str) -> None:
+        jvm: Any = spark._jvm
+        self._spark = spark
+        self._uri = uri
+        self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri)
+        self._transaction = self._log.startTransaction()
+        self._files: Any = None
+        self.paths: list[str] = []
+        """The written files, relative to the table's root (as its log names them)."""
+        self.partition_values: list[dict[str, str]] = []
+
+    def fits(self, rows: DataFrame) -> bool:
+        """Whether ``rows`` have the table's columns, each of its type (Delta's writers
+        check this before they write; its transaction API does not)."""
+        import json
+
+        from pyspark.sql.types import StructType
+
+        table = StructType.fromJson(json.loads(self._transaction.metadata().schema().json()))
+        types = {field.name: field.dataType for field in table.fields}
+        return len(rows.schema.fields) == len(types) and all(
+            types.get(field.name) == field.dataType for field in rows.schema.fields
+        )
+
+    def write(self, rows: DataFrame) -> None:
+        """Write the files of ``rows`` (one Spark job), not yet committed."""
+        files = self._transaction.writeFiles(rows._jdf)
+        self._files = files
+        for index in range(files.size()):
+            action = files.apply(index)
+            self.paths.append(str(action.path()))
+            values = action.partitionValues()
+            keys = values.keys().toList()
+            self.partition_values.append(
+                {str(keys.apply(i)): str(values.apply(keys.apply(i))) for i in range(keys.size())}
+            )
+
+    def commit(self, user_metadata: str) -> int:
+        """One Delta commit naming the written files, with ``user_metadata``; its version.
+        Once called, the files are the table's whatever it raises (the commit may have
+        landed): never discard them after."""
+        jvm: Any = self._spark._jvm
+        none = jvm.scala.Option.empty()
+        operation = jvm.org.apache.spark.sql.delta.DeltaOperations.Write(
+            jvm.org.apache.spark.sql.SaveMode.Append,
+            none,
+            none,
+            jvm.scala.Some(user_metadata),
+            none,
+            none,
+            none,
+            none,
+            none,
+        )
+        files = self._files if self._files is not None else jvm.scala.collection.immutable.Nil
+        return int(self._transaction.commit(files, operation))
+
+    def discard(self) -> None:
+        """Delete the written files (never committed: no reader knows them). One that
+        cannot be deleted is left to ``outbox lake maintain`` (its vacuum removes files
+        the log does not name)."""
+        jvm: Any = self._spark._jvm
+        hadoop = self._spark.sparkContext._jsc.hadoopConfiguration()
+        root = jvm.org.apache.hadoop.fs.Path(self._uri)
+        for relative in self.paths:
+            try:
+                path = jvm.org.apache.hadoop.fs.Path(root, relative)
+                path.getFileSystem(hadoop).delete(path, False)
+            except Exception as error:  # py4j's errors: left for the vacuum
+                log.warning("an uncommitted file of %s not deleted: %s", self._uri, error)
+        self.paths = []
+        self._files = None
+
+    def read(self, settings: LakeSettings, columns: list[str]) -> Any:
+        """The written rows' ``columns`` (an Arrow table; a partition column from each
+        file's partition values), read on the driver."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from deltalake.fs import DeltaStorageHandler
+        from pyarrow.fs import PyFileSystem
+
+        filesystem = PyFileSystem(DeltaStorageHandler(self._uri, storage_options(settings)))
+        tables = []
+        for relative, values in zip(self.paths, self.partition_values, strict=True):
+            stored = [name for name in columns if name not in values]
+            table = pq.read_table(_unquoted(relative), columns=stored, filesystem=filesystem)
+            for name in columns:
+                if name in values:
+                    table = table.append_column(name, pa.array([values[name]] * table.num_rows))
+            tables.append(table.select(columns))
+        return pa.concat_tables(tables) if tables else None
+
+
+def _unquoted(relative: str) -> str:
+    """A path of the Delta log (URI-encoded) as a file name."""
+    from urllib.parse import unquote
+
+    return unquote(relative)
 
 
 def create_table(

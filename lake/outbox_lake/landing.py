@@ -1,31 +1,39 @@
 """The freshness path: one micro-batch of Spark's Kafka source into ``events``, in one commit.
 
-For each micro-batch (``foreachBatch(frame, batch_id)``):
+For each micro-batch (``foreachBatch(frame, batch_id)``), the JVM has read the contract
+already (:func:`outbox_lake.spark_contract.read_contract`, part of the query's plan:
+``frame`` comes with its columns): every record the delivery paths write is decided there
+with Spark's built-in functions; the few it cannot decide go, alone, to the Python contract,
+which makes each an event or a quarantine row with its reason. Nothing a record holds can
+fail the batch. Then one of two paths lands it:
 
-1. the JVM reads the contract (:func:`outbox_lake.spark_contract.read_contract`, part of
-   the query's plan: ``frame`` comes with its columns): every
-   record the delivery paths write is decided there with Spark's built-in functions; the
-   few it cannot decide go, alone, to the Python contract, which makes each an event or a
-   quarantine row with its reason. Nothing a record holds can fail the batch;
-2. the driver learns the batch's shape only (:class:`BatchShape`: per partition its offsets
-   and last record, per day the event-id ranges), and the caller's check
-   (:class:`outbox_lake.guard.LogGuard`) may refuse the batch before anything is written;
-3. **dedup by event id, no MERGE**: of the copies of an event in the batch the one with the
-   lowest outbox ``position`` (drawn by the database when the row was written: a copy
-   written later with the same id, by whichever service, comes after), then the lowest
-   (topic, partition, offset), is the first; one left join against ``events``, read only
-   within the batch's id ranges, finds copies already landed (always the first). A copy
-   whose content (aggregate, type, payload, headers, trace, position) equals the first is a
-   duplicate, dropped and counted; one whose content differs is a *conflicting copy*: never a
-   duplicate, it goes to ``quarantine`` with the reason, naming where the first copy is;
-4. ``quarantine`` gets its rows (records no event can be made of, conflicting copies), when
-   there are any: before ``events``, so the commit that names a batch's offsets comes last;
-5. ``events`` gets the new events in **one append**, whose commit also carries the lake's
-   progress after the batch (:mod:`outbox_lake.progress`). A batch with no new event
-   commits all the same: the progress moves.
+- **one job** (the common batch, as Spark's own Delta sink lands one): the decided events'
+  files are written (Delta's transaction API: nothing is visible yet) while the batch's
+  shape is observed on the way (per partition its offsets and last record; the records not
+  decided); the driver reads the written ids back (their days, ranges and repeats), the
+  caller's check (:class:`outbox_lake.guard.LogGuard`) may refuse the batch, the ids are
+  looked up in ``events`` within their ranges, and the files are committed with the
+  progress. When a record was not decided, an id is twice in the batch or a copy has
+  landed before, the files are deleted uncommitted and the batch takes the other path;
+- **two jobs** (any batch): the driver learns the batch's shape (:class:`BatchShape`, one
+  job over the cached records) and the check may refuse it before anything is written; then
+  **dedup by event id, no MERGE**: of the copies of an event in the batch the one with the
+  lowest outbox ``position`` (drawn by the database when the row was written: a copy
+  written later with the same id, by whichever service, comes after), then the lowest
+  (topic, partition, offset), is the first; one left join against ``events``, read only
+  within the batch's id ranges, finds copies already landed (always the first). A copy
+  whose content (aggregate, type, payload, headers, trace, position) equals the first is a
+  duplicate, dropped and counted; one whose content differs is a *conflicting copy*: never a
+  duplicate, it goes to ``quarantine`` with the reason, naming where the first copy is.
+  ``quarantine`` gets its rows first (records no event can be made of, conflicting
+  copies), so the commit that names a batch's offsets comes last; then ``events`` gets the
+  new events in **one append**.
 
-Re-reading any range, for any reason, adds nothing and skips nothing: a replayed batch finds
-its events already in the table. Typed tables are not on this path (:mod:`outbox_lake.typed`).
+Either way the commit to ``events`` carries the lake's progress after the batch
+(:mod:`outbox_lake.progress`); a batch with no new event commits all the same (the progress
+moves). Re-reading any range, for any reason, adds nothing and skips nothing: a replayed
+batch finds its events already in the table. Typed tables are not on this path
+(:mod:`outbox_lake.typed`).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from outbox.core.errors import OutboxError
 from outbox.tracing import MAX_LINKS, landing, link, recording
 from outbox_lake.delta_writes import (
     IdRange,
+    PendingAppend,
     append,
     append_absent,
     create_table,
@@ -184,6 +193,110 @@ class EventsSink:
     def _batch(self, frame: DataFrame, batch_id: int, span: Span | None) -> None:
         started = time.monotonic()
         self.timings: dict[str, float] = {}
+        traced = span is not None and recording(span)
+        landed = self._in_one_job(frame, traced)
+        path = "one job"
+        if landed is None:
+            path = "two jobs"
+            landed = self._in_two_jobs(frame, traced)
+        if landed is None:
+            return  # no record (transaction markers only)
+        shape, counts, traceparents = landed
+        if span is not None and traced:
+            try:  # after the commit: tracing never fails a batch
+                _describe(span, batch_id, shape, counts, traceparents)
+            except Exception as error:  # the batch has landed already
+                log.warning("batch %d: its span not described: %s", batch_id, error)
+        took = time.monotonic() - started
+        self.metrics.batch_done(took, shape.newest_event_time, one_job=path == "one job")
+        self.metrics.events.inc(counts.get("new", 0))
+        self.metrics.duplicates.inc(counts.get("duplicate", 0))
+        # what quarantine did not hold yet (a batch read again sets nothing aside twice)
+        self.metrics.conflicting.inc(counts.get("new_conflicting", 0))
+        self.metrics.quarantined.labels("record").inc(counts.get("new_record", 0))
+        log.info(
+            "batch %d: %d records, %d events landed, %d duplicates, %d conflicting, "
+            "%d set aside, %.2f s in %s (%s)",
+            batch_id,
+            shape.records,
+            counts.get("new", 0),
+            counts.get("duplicate", 0),
+            counts.get("conflicting", 0),
+            counts.get("record", 0),
+            took,
+            path,
+            ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.timings.items()),
+        )
+
+    def _in_one_job(self, frame: DataFrame, traced: bool) -> _Landed | None:
+        """The common batch (every record decided by the JVM, each event id once, none
+        landed before) in one Spark job, as Spark's own Delta sink lands a batch: the
+        events' files are written with the batch's shape observed on the way, then the
+        driver checks (the caller's check, the ids against ``events``) and commits them
+        with the progress. None, with nothing written: the batch needs the two-job path
+        (:meth:`_in_two_jobs`) that classifies each copy."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as f
+
+        with self._timed("plan"):
+            tasks = _task_count(frame)
+            if tasks is None or not 0 < tasks <= MAX_ONE_JOB_TASKS:
+                return None
+            observation = Observation()
+            observed = frame.withColumn("task", f.spark_partition_id()).observe(
+                observation, *_task_metrics(tasks)
+            )
+            rows = (
+                decided_events(observed)
+                .withColumn("ingest_time", f.current_timestamp())
+                .select(*EVENTS_TABLE.names)
+            )
+            pending = PendingAppend(frame.sparkSession, self.events_uri)
+            if not pending.fits(rows):  # Delta's own writer says what differs
+                return None
+        committing = False
+        try:
+            with self._timed("write"):
+                pending.write(rows)
+            with self._timed("shape"):
+                shape = _observed_shape(observation.get, tasks)
+                if shape is None or shape.undecided or not shape.ends:
+                    pending.discard()
+                    return None
+                written = pending.read(self.settings, ["event_id", "event_date", "event_time"])
+                ids = _ids_shape(shape, written)
+                if shape.repeated:
+                    pending.discard()
+                    return None
+            with self._timed("check"):
+                topic_ids = self.check(shape, self.known())
+            with self._timed("landed"):
+                landed = self._landed(shape.ranges)
+                if landed.num_rows and not ids.isdisjoint(landed.column("event_id").to_pylist()):
+                    pending.discard()
+                    return None
+            after = self._after(shape, topic_ids)
+            with self._timed("events"):
+                committing = True
+                pending.commit(after.to_metadata())
+        except BaseException:
+            if not committing:  # once the commit is tried, its files may be the table's
+                pending.discard()
+            raise
+        self.progress = after
+        self.started_over = frozenset()
+        traceparents: list[str] = []
+        if traced:  # after the commit: a sample of the events' traces, from their files
+            try:
+                read = pending.read(self.settings, ["traceparent"])
+                traceparents = [t for t in read.column("traceparent").to_pylist() if t]
+            except Exception as error:  # the batch has landed already
+                log.warning("the batch's traces not read: %s", error)
+        return shape, {"new": shape.events}, traceparents[:MAX_LINKS]
+
+    def _in_two_jobs(self, frame: DataFrame, traced: bool) -> _Landed | None:
+        """Any batch: its shape first (one job over the cached records), then each copy
+        classified and the new events appended (a second job)."""
         with self._timed("plan"):
             # ``frame`` has the contract's columns (the query reads it: read_contract); only
             # what the append needs is cached; the raw bytes of records the JVM did not
@@ -193,37 +306,15 @@ class EventsSink:
             with self._timed("shape"):
                 shape = batch_shape(read)
             if not shape.ends:
-                return
+                return None
             with self._timed("check"):
                 topic_ids = self.check(shape, self.known())
             counts = self._write(frame.sparkSession, read, frame, shape, topic_ids)
-            if span is not None and recording(span):
-                try:  # after the commit: tracing never fails a batch
-                    _describe(span, batch_id, shape, counts, read)
-                except Exception as error:  # the batch has landed already
-                    log.warning("batch %d: its span not described: %s", batch_id, error)
+            traceparents = _sample_traceparents(read) if traced else []
         finally:
             with self._timed("unpersist"):
                 read.unpersist()
-        took = time.monotonic() - started
-        self.metrics.batch_done(took, shape.newest_event_time)
-        self.metrics.events.inc(counts.get("new", 0))
-        self.metrics.duplicates.inc(counts.get("duplicate", 0))
-        # what quarantine did not hold yet (a batch read again sets nothing aside twice)
-        self.metrics.conflicting.inc(counts.get("new_conflicting", 0))
-        self.metrics.quarantined.labels("record").inc(counts.get("new_record", 0))
-        log.info(
-            "batch %d: %d records, %d events landed, %d duplicates, %d conflicting, "
-            "%d set aside, %.2f s (%s)",
-            batch_id,
-            shape.records,
-            counts.get("new", 0),
-            counts.get("duplicate", 0),
-            counts.get("conflicting", 0),
-            counts.get("record", 0),
-            took,
-            ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.timings.items()),
-        )
+        return shape, counts, traceparents
 
     @contextlib.contextmanager
     def _timed(self, stage: str) -> Iterator[None]:
@@ -295,15 +386,7 @@ class EventsSink:
                     if counts.get("conflicting", 0):
                         rows = conflicting_copies(classified)
                         counts["new_conflicting"] = self._quarantine(rows)
-            after = LakeProgress(
-                advanced(
-                    self.progress.partitions,
-                    shape.ends,
-                    topic_ids,
-                    started_over=self.started_over,
-                ),
-                self._typed_through(),
-            )
+            after = self._after(shape, topic_ids)
             with self._timed("events"):
                 append(
                     new.withColumn("ingest_time", f.current_timestamp()).select(
@@ -320,6 +403,15 @@ class EventsSink:
             if slow is not None:
                 slow.unpersist()
         return counts
+
+    def _after(self, shape: BatchShape, topic_ids: Mapping[str, str | None]) -> LakeProgress:
+        """The lake's progress once the batch has landed."""
+        return LakeProgress(
+            advanced(
+                self.progress.partitions, shape.ends, topic_ids, started_over=self.started_over
+            ),
+            self._typed_through(),
+        )
 
     def _typed_through(self) -> int | None:
         """How far the typed tables have come: as the typed query last said, never less
@@ -372,23 +464,129 @@ class EventsSink:
 
 
 def _describe(
-    span: Span, batch_id: int, shape: BatchShape, counts: Mapping[str, int], read: DataFrame
+    span: Span,
+    batch_id: int,
+    shape: BatchShape,
+    counts: Mapping[str, int],
+    traceparents: list[str],
 ) -> None:
     """The batch's span (recorded by an SDK): its counts, and links to a sample of its
-    events' traces (one small read of the cached batch, only when traced)."""
+    events' traces."""
     span.set_attribute("outbox.lake.batch_id", batch_id)
     span.set_attribute("messaging.batch.message_count", shape.records)
     span.set_attribute("outbox.lake.events_landed", counts.get("new", 0))
     span.set_attribute("outbox.lake.duplicates", counts.get("duplicate", 0))
     span.set_attribute("outbox.lake.set_aside", counts.get("record", 0))
     span.set_attribute("outbox.lake.conflicting", counts.get("conflicting", 0))
+    link(span, traceparents)
+
+
+def _sample_traceparents(read: DataFrame) -> list[str]:
+    """Some of a cached batch's events' traces (one small read, only when traced)."""
     sample = (
         read.where("decided AND traceparent IS NOT NULL AND traceparent <> ''")
         .select("traceparent")
         .limit(MAX_LINKS)
         .collect()
     )
-    link(span, [row["traceparent"] for row in sample])
+    return [row["traceparent"] for row in sample]
+
+
+MAX_ONE_JOB_TASKS = 32
+"""A batch of more Kafka partitions than this takes the two-job path (the one-job path
+observes a few figures per partition: their count grows the plan)."""
+
+_Landed = tuple[BatchShape, dict[str, int], list[str]]
+"""A landed batch: its shape, the count of each class of record, a sample of its traces."""
+
+
+def _task_count(frame: DataFrame) -> int | None:
+    """How many tasks read the batch (``foreachBatch`` hands it over as one RDD: Spark's
+    Kafka source makes one task per topic partition with records to read); None when the
+    plan is not that."""
+    try:
+        leaves = frame._jdf.queryExecution().logical().collectLeaves()
+        if leaves.size() != 1:
+            return None
+        return int(leaves.apply(0).rdd().getNumPartitions())
+    except Exception:  # another plan than the one this reads: the two-job path
+        return None
+
+
+def _task_metrics(tasks: int) -> list[Column]:
+    """Per task of the read (one topic partition each; checked, not assumed): its topic and
+    partition (lowest and highest: equal when the task read one), first and last offset,
+    the last record's fingerprint and the record count; and the records not decided."""
+    from pyspark.sql import functions as f
+
+    metrics = [f.count_if(~f.col("decided")).alias("undecided")]
+    for task in range(tasks):
+        here = f.col("task") == task
+
+        def of(column: str, here: Column = here) -> Column:
+            return f.when(here, f.col(column))
+
+        metrics += [
+            f.min(of("topic")).alias(f"topic_low_{task}"),
+            f.max(of("topic")).alias(f"topic_high_{task}"),
+            f.min(of("partition")).alias(f"partition_low_{task}"),
+            f.max(of("partition")).alias(f"partition_high_{task}"),
+            f.min(of("offset")).alias(f"first_{task}"),
+            f.max(of("offset")).alias(f"last_{task}"),
+            f.max_by(f.col("fingerprint"), of("offset")).alias(f"fingerprint_{task}"),
+            f.count_if(here).alias(f"records_{task}"),
+        ]
+    return metrics
+
+
+def _observed_shape(metrics: Mapping[str, Any], tasks: int) -> BatchShape | None:
+    """The batch's partitions from the observed figures (:func:`_task_metrics`); None when
+    a task read more than one partition, or two tasks one (the two-job path decides)."""
+    shape = BatchShape(undecided=int(metrics["undecided"] or 0))
+    for task in range(tasks):
+        records = int(metrics[f"records_{task}"] or 0)
+        if not records:
+            continue
+        topic, partition = metrics[f"topic_low_{task}"], metrics[f"partition_low_{task}"]
+        alone = (topic, partition) == (
+            metrics[f"topic_high_{task}"],
+            metrics[f"partition_high_{task}"],
+        )
+        if not alone:
+            return None
+        where = Partition(str(topic), int(partition))
+        if where in shape.ends:
+            return None
+        shape.ends[where] = (int(metrics[f"last_{task}"]) + 1, metrics[f"fingerprint_{task}"])
+        shape.starts[where] = int(metrics[f"first_{task}"])
+        shape.records += records
+    return shape
+
+
+def _ids_shape(shape: BatchShape, written: Any) -> set[str]:
+    """Fill ``shape``'s event figures (count, repeated ids, id ranges by day and bucket,
+    newest event time) from the written rows (an Arrow table of ``event_id``,
+    ``event_date``, ``event_time``), as :func:`batch_shape` computes them; the ids."""
+    import datetime as dt
+
+    if written is None or written.num_rows == 0:
+        return set()
+    ids = written.column("event_id").to_pylist()
+    days = written.column("event_date").to_pylist()
+    shape.events = len(ids)
+    unique = set(ids)
+    shape.repeated = len(ids) - len(unique)
+    buckets: dict[tuple[str, str], tuple[str, str]] = {}
+    for event_id, day in zip(ids, days, strict=True):
+        key = (day, event_id[:8])
+        low, high = buckets.get(key, (event_id, event_id))
+        buckets[key] = (min(low, event_id), max(high, event_id))
+    shape.ranges = id_ranges(
+        IdRange(dt.date.fromisoformat(day), low, high) for (day, _), (low, high) in buckets.items()
+    )
+    newest = max(written.column("event_time").to_pylist())
+    shape.newest_event_time = newest.replace(tzinfo=dt.UTC).timestamp()
+    return unique
 
 
 _CACHED = ("decided", *EVENT_FIELDS, "topic", "partition", "offset", "key", "fingerprint")

@@ -52,7 +52,7 @@ class LakeMetrics:
         )
         self.stage_seconds = Histogram(
             "outbox_lake_stage_seconds",
-            "Time of each stage of a micro-batch: plan, shape, check, landed, dedup, "
+            "Time of each stage of a micro-batch: plan, write, shape, check, landed, dedup, "
             "quarantine, events, unpersist; the typed query's typed_shape, typed_typed, "
             "typed_quarantine.",
             ["stage"],
@@ -86,6 +86,13 @@ class LakeMetrics:
             registry=r,
         )
         self.batches = Counter("outbox_lake_batches", "Micro-batches landed.", registry=r)
+        self.two_job_batches = Counter(
+            "outbox_lake_two_job_batches",
+            "Micro-batches landed by the two-job path, which classifies each copy: a record "
+            "the JVM did not decide, an event id twice in the batch or a copy already landed "
+            "(the others land in one Spark job).",
+            registry=r,
+        )
 
     def summary(self, seconds: float) -> str:
         """One line of what this job did (for its end): batches, events, what was dropped
@@ -96,8 +103,10 @@ class LakeMetrics:
 
         events = count("outbox_lake_events")
         aside = sum(count("outbox_lake_quarantined", kind=kind) for kind in ("record", "typed"))
+        two_jobs = count("outbox_lake_two_job_batches")
         return (
-            f"lake ingest: {count('outbox_lake_batches'):,} batches, {events:,} events landed, "
+            f"lake ingest: {count('outbox_lake_batches'):,} batches ({two_jobs:,} in two jobs), "
+            f"{events:,} events landed, "
             f"{count('outbox_lake_duplicates_dropped'):,} duplicates dropped, {aside:,} rows "
             f"set aside ({count('outbox_lake_conflicting_copies'):,} conflicting copies), in "
             f"{seconds:,.1f} s ({events / max(seconds, 1e-9):,.0f} events/s)"
@@ -122,9 +131,13 @@ class LakeMetrics:
     def saw_events(self, newest_event_time: float) -> None:
         self.newest_event_time = max(self.newest_event_time, newest_event_time)
 
-    def batch_done(self, seconds: float, newest_event_time: float | None) -> None:
-        """A micro-batch of the Kafka query has landed."""
+    def batch_done(
+        self, seconds: float, newest_event_time: float | None, *, one_job: bool = True
+    ) -> None:
+        """A micro-batch of the Kafka query has landed (``one_job``: by the one-job path)."""
         self.batches.inc()
+        if not one_job:
+            self.two_job_batches.inc()
         self.completed_batches += 1
         self.last_batch_time.set_to_current_time()
         self.batch_seconds.observe(seconds)

@@ -518,7 +518,9 @@ def test_copies_of_an_event_id_with_other_content_are_set_aside_never_landed(
     sent = send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in batch])
     root = tmp_path / "lake"
     env = lake_env(root, prefix, bootstrap)
-    ingested(env)
+    metrics = ingested(env)
+    # the batch holds an id twice: the two-job path classifies its copies
+    assert metrics is not None and metrics.two_job_batches._value.get() >= 1
     again = contract_record(aggregate_type, '{"total": 99}', event_id=event_id, event_type="X")
     send(bootstrap, [(again.topic, again.key, again.value, list(again.headers))])
     ingested(env)
@@ -645,8 +647,11 @@ def test_events_are_in_commit_order_by_position_though_event_time_differs(
     with relay_bench.in_thread():
         wait_until(lambda: relay_bench.undelivered() == 0, timeout=120, what="relayed")
     root = tmp_path / "lake"
-    ingested(lake_env(root, prefix, relay_bench.kafka.bootstrap_servers))
+    metrics = ingested(lake_env(root, prefix, relay_bench.kafka.bootstrap_servers))
 
+    # every batch common (each event once, all decided): each landed in one Spark job
+    assert metrics is not None and metrics.completed_batches >= 1
+    assert metrics.two_job_batches._value.get() == 0
     events = rows(root, "events")
     typed = rows(root, typed_table_name(aggregate_type))
     assert len(events) == len(typed) == 4 * (6 + 20)

@@ -43,13 +43,15 @@ def test_the_ingest_summary_counts_what_the_job_did() -> None:
 
     metrics = LakeMetrics()
     metrics.batches.inc(3)
+    metrics.two_job_batches.inc(1)
     metrics.events.inc(75_000)
     metrics.duplicates.inc(12)
     metrics.quarantined.labels("record").inc(2)
     metrics.quarantined.labels("typed").inc(1)
     metrics.conflicting.inc(1)
     assert metrics.summary(30.0) == (
-        "lake ingest: 3 batches, 75,000 events landed, 12 duplicates dropped, 3 rows set "
+        "lake ingest: 3 batches (1 in two jobs), 75,000 events landed, 12 duplicates dropped, "
+        "3 rows set "
         "aside (1 conflicting copies), in 30.0 s (2,500 events/s)"
     )
 
