@@ -224,8 +224,8 @@ class PendingAppend:
         jvm: Any = spark._jvm
         self._spark = spark
         self._uri = uri
-        self._log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri)
-        self._transaction = self._log.startTransaction()
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri)
+        self._transaction = delta_log.startTransaction()
         self._files: Any = None
         self.paths: list[str] = []
         """The written files, relative to the table's root (as its log names them)."""

@@ -195,9 +195,8 @@ class EventsSink:
         self.timings: dict[str, float] = {}
         traced = span is not None and recording(span)
         landed = self._in_one_job(frame, traced)
-        path = "one job"
+        one_job = landed is not None
         if landed is None:
-            path = "two jobs"
             landed = self._in_two_jobs(frame, traced)
         if landed is None:
             return  # no record (transaction markers only)
@@ -208,7 +207,7 @@ class EventsSink:
             except Exception as error:  # the batch has landed already
                 log.warning("batch %d: its span not described: %s", batch_id, error)
         took = time.monotonic() - started
-        self.metrics.batch_done(took, shape.newest_event_time, one_job=path == "one job")
+        self.metrics.batch_done(took, shape.newest_event_time, one_job=one_job)
         self.metrics.events.inc(counts.get("new", 0))
         self.metrics.duplicates.inc(counts.get("duplicate", 0))
         # what quarantine did not hold yet (a batch read again sets nothing aside twice)
@@ -224,7 +223,7 @@ class EventsSink:
             counts.get("conflicting", 0),
             counts.get("record", 0),
             took,
-            path,
+            "one job" if one_job else "two jobs",
             ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.timings.items()),
         )
 
@@ -263,7 +262,10 @@ class EventsSink:
                 if shape is None or shape.undecided or not shape.ends:
                     pending.discard()
                     return None
-                written = pending.read(self.settings, ["event_id", "event_date", "event_time"])
+                columns = ["event_id", "event_date", "event_time"]
+                if traced:  # the traces too: the files are read once
+                    columns.append("traceparent")
+                written = pending.read(self.settings, columns)
                 ids = _ids_shape(shape, written)
                 if shape.repeated:
                     pending.discard()
@@ -286,12 +288,8 @@ class EventsSink:
         self.progress = after
         self.started_over = frozenset()
         traceparents: list[str] = []
-        if traced:  # after the commit: a sample of the events' traces, from their files
-            try:
-                read = pending.read(self.settings, ["traceparent"])
-                traceparents = [t for t in read.column("traceparent").to_pylist() if t]
-            except Exception as error:  # the batch has landed already
-                log.warning("the batch's traces not read: %s", error)
+        if traced and written is not None:  # a sample of the events' traces
+            traceparents = [t for t in written.column("traceparent").to_pylist() if t]
         return shape, {"new": shape.events}, traceparents[:MAX_LINKS]
 
     def _in_two_jobs(self, frame: DataFrame, traced: bool) -> _Landed | None:

@@ -90,21 +90,24 @@ def running(browser: WebDriver) -> bool:
     return state in ("ok", "warn") and re.search(r"task 0\s+RUNNING", text) is not None
 
 
-def outcome(browser: WebDriver) -> str:
-    """The line an action's result page shows (empty until it is there)."""
-    found = browser.find_elements(By.ID, "outcome")
+def shown(browser: WebDriver, element_id: str) -> str:
+    """The text of the page's element ``element_id`` (empty until it is there, or while the
+    page replaces it)."""
+    found = browser.find_elements(By.ID, element_id)
     try:
         return found[0].text if found else ""
     except WebDriverException:
         return ""
+
+
+def outcome(browser: WebDriver) -> str:
+    """The line an action's result page shows."""
+    return shown(browser, "outcome")
 
 
 def delivery(browser: WebDriver) -> str:
-    found = browser.find_elements(By.ID, "delivery")
-    try:
-        return found[0].text if found else ""
-    except WebDriverException:
-        return ""
+    """Who delivers now (the overview's delivery line)."""
+    return shown(browser, "delivery")
 
 
 def screenshot(browser: WebDriver, name: str) -> None:
