@@ -38,6 +38,7 @@ __all__ = [
     "append_absent",
     "create_table",
     "id_ranges",
+    "ranges_of",
     "within",
 ]
 
@@ -87,6 +88,18 @@ def id_ranges(found: Iterable[IdRange], limit: int = MAX_RANGES) -> list[IdRange
         i = min(pairs, key=lambda pair: pair[1])[0]
         merged[i : i + 2] = [IdRange(merged[i].day, merged[i].low, merged[i + 1].high)]
     return merged
+
+
+def ranges_of(ids: Iterable[str], days: Iterable[str | date]) -> list[IdRange]:
+    """The id ranges of rows (their event ids and days, as written: ISO text or dates):
+    per day and per first eight characters of the id (a UUIDv7's time, about 65 s), merged
+    by :func:`id_ranges` (pure)."""
+    buckets: dict[tuple[date, str], tuple[str, str]] = {}
+    for event_id, day in zip(ids, days, strict=True):
+        key = (day if isinstance(day, date) else date.fromisoformat(day), event_id[:8])
+        low, high = buckets.get(key, (event_id, event_id))
+        buckets[key] = (min(low, event_id), max(high, event_id))
+    return id_ranges(IdRange(day, low, high) for (day, _), (low, high) in buckets.items())
 
 
 def _gap(a: IdRange, b: IdRange) -> int:
@@ -257,7 +270,7 @@ class PendingAppend:
                 {str(keys.apply(i)): str(values.apply(keys.apply(i))) for i in range(keys.size())}
             )
 
-    def commit(self, user_metadata: str) -> int:
+    def commit(self, user_metadata: str | None = None) -> int:
         """One Delta commit naming the written files, with ``user_metadata``; its version.
         Once called, the files are the table's whatever it raises (the commit may have
         landed): never discard them after."""
@@ -267,7 +280,7 @@ class PendingAppend:
             jvm.org.apache.spark.sql.SaveMode.Append,
             none,
             none,
-            jvm.scala.Some(user_metadata),
+            none if user_metadata is None else jvm.scala.Some(user_metadata),
             none,
             none,
             none,
@@ -347,11 +360,10 @@ def create_table(
 
 
 def table_owner_and_columns(
-    settings: LakeSettings, uri: str, base: Iterable[str], kinds: Mapping[str, str]
+    table: DeltaTable | None, base: Iterable[str], kinds: Mapping[str, str]
 ) -> tuple[str | None, dict[str, str]]:
     """(the table's metadata name, its columns beyond ``base``: name → kind, by ``kinds``
     of Delta's type names, ``string`` otherwise); (None, {}) when there is no table yet."""
-    table = open_table(settings, uri)
     if table is None:
         return None, {}
     skip = set(base)

@@ -58,7 +58,7 @@ __all__ = ["Ingest", "kafka_options"]
 log = logging.getLogger("outbox.lake.ingest")
 
 _STOP_PATIENCE_SECONDS = 120.0
-TYPED_TRIGGER_SECONDS = 5.0
+TYPED_TRIGGER_SECONDS = 3.0
 """The typed query's least interval (off the freshness path: its tables trail ``events``)."""
 _WATCH_SECONDS = 5.0
 """How often the running job checks the broker's topics against the lake's progress."""
@@ -280,7 +280,7 @@ class Ingest:
         return query
 
     def _start_typed_query(self, progress: LakeProgress, *, available_now: bool) -> StreamingQuery:
-        sink = TypedSink(self.settings, self.metrics)
+        sink = TypedSink(self.settings, self.metrics, one_task=not available_now)
         reader = self.spark.readStream.format("delta").option("skipChangeCommits", "true")
         if not self._has_checkpoint(self.typed_checkpoint):
             start = self._typed_start(progress)

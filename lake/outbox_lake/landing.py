@@ -54,6 +54,7 @@ from outbox_lake.delta_writes import (
     append_absent,
     create_table,
     id_ranges,
+    ranges_of,
     rows_within,
 )
 from outbox_lake.metrics import LakeMetrics
@@ -574,14 +575,7 @@ def _ids_shape(shape: BatchShape, written: Any) -> set[str]:
     shape.events = len(ids)
     unique = set(ids)
     shape.repeated = len(ids) - len(unique)
-    buckets: dict[tuple[str, str], tuple[str, str]] = {}
-    for event_id, day in zip(ids, days, strict=True):
-        key = (day, event_id[:8])
-        low, high = buckets.get(key, (event_id, event_id))
-        buckets[key] = (min(low, event_id), max(high, event_id))
-    shape.ranges = id_ranges(
-        IdRange(dt.date.fromisoformat(day), low, high) for (day, _), (low, high) in buckets.items()
-    )
+    shape.ranges = ranges_of(ids, days)
     newest = max(written.column("event_time").to_pylist())
     shape.newest_event_time = newest.replace(tzinfo=dt.UTC).timestamp()
     return unique

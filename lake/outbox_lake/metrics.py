@@ -53,8 +53,9 @@ class LakeMetrics:
         self.stage_seconds = Histogram(
             "outbox_lake_stage_seconds",
             "Time of each stage of a micro-batch: plan, write, shape, check, landed, dedup, "
-            "quarantine, events, unpersist; the typed query's typed_shape, typed_typed, "
-            "typed_quarantine.",
+            "quarantine, events, unpersist; the typed query's typed_types, typed_plan, "
+            "typed_write, typed_landed, typed_commit (one job), typed_shape, typed_typed, "
+            "typed_quarantine (two jobs).",
             ["stage"],
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
             registry=r,
@@ -91,6 +92,14 @@ class LakeMetrics:
             "Micro-batches landed by the two-job path, which classifies each copy: a record "
             "the JVM did not decide, an event id twice in the batch or a copy already landed "
             "(the others land in one Spark job).",
+            registry=r,
+        )
+        self.typed_writes = Counter(
+            "outbox_lake_typed_writes",
+            "An aggregate type's rows of a typed batch written to its typed table, by path: "
+            "one_job (the common case) or two_jobs (a new table, a field the table lacks, a row "
+            "set aside or a copy already landed).",
+            ["path"],
             registry=r,
         )
 

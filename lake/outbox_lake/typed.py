@@ -3,19 +3,30 @@ streaming source) and types each new event into ``aggregate_<type>``.
 
 ``events`` is the lake's freshness path and its truth (:mod:`outbox_lake.landing`); the
 typed tables are derived from it and trail it by about one trigger of this query. For each
-micro-batch of new ``events`` rows:
+micro-batch of new ``events`` rows, the driver learns its aggregate types (one small job),
+then lands each type's rows on one of two paths, as ``events`` lands its batches:
 
-1. the executors list each payload's top-level fields and their kinds (Python, the one
-   definition of the typing rules: :mod:`outbox_lake.typed_rows`); the driver gets, per
-   aggregate type, each field's first appearance (in offset order), the types' days and
-   event-id ranges, and decides each typed table's columns for the batch
-   (:func:`decide_columns`);
-2. per aggregate type, the executors type every row against those columns, or set it aside
-   with the reason; the typed rows whose event id the table lacks (read on the driver within
-   the batch's id ranges, as ``events`` is) are appended in one commit, new columns added
-   (schema evolution); a ``bigint`` column that a fraction widens to ``decimal(38,18)`` is
-   rewritten first (:func:`widen_to_decimal`);
-3. the typed rows set aside go to ``quarantine`` (``target_table`` names the typed table).
+- **one job** (the common case: the table exists, every row's fields are columns of it):
+  the rows are typed on the executors (in the JVM where it can: :mod:`outbox_lake.spark_typing`;
+  by the Python rules, :mod:`outbox_lake.typed_rows`, otherwise) and their files written
+  through Delta's transaction API (nothing visible yet) while the rows pending (a field the
+  table lacks) or set aside are counted on the way; the driver reads the written ids back,
+  looks them up in the table within their ranges, and commits the files. While the Kafka
+  query runs beside this one, the rows are typed and written by one task, so that the
+  freshness path always has a core;
+- **two jobs** (a new table, a new field, a row set aside, a copy landed before): the files
+  of the first attempt are deleted uncommitted, and
+
+  1. the executors list each payload's top-level fields and their kinds (Python, the one
+     definition of the typing rules); the driver gets, per aggregate type, each field's
+     first appearance (in offset order), the types' days and event-id ranges, and decides
+     each typed table's columns for the batch (:func:`decide_columns`);
+  2. per aggregate type, the executors type every row against those columns, or set it
+     aside with the reason; the typed rows whose event id the table lacks (read on the
+     driver within the batch's id ranges, as ``events`` is) are appended in one commit, new
+     columns added (schema evolution); a ``bigint`` column that a fraction widens to
+     ``decimal(38,18)`` is rewritten first (:func:`widen_to_decimal`);
+  3. the typed rows set aside go to ``quarantine`` (``target_table`` names the typed table).
 
 Idempotent by content like every write of the job: a batch replayed after a crash, or the
 whole of ``events`` read again after this query's checkpoint was deleted, adds nothing. How
@@ -38,10 +49,12 @@ from typing import TYPE_CHECKING, Any
 from outbox.core.lake_contract import DECIMAL_TYPE
 from outbox_lake.delta_writes import (
     IdRange,
+    PendingAppend,
     append,
     append_absent,
     create_table,
     id_ranges,
+    ranges_of,
     rows_within,
     table_owner_and_columns,
 )
@@ -290,8 +303,11 @@ class _Typed:
 class TypedSink:
     """``foreachBatch`` body of the typed query: new ``events`` rows into the typed tables."""
 
-    def __init__(self, settings: LakeSettings, metrics: LakeMetrics) -> None:
+    def __init__(self, settings: LakeSettings, metrics: LakeMetrics, *, one_task: bool) -> None:
         self.settings = settings
+        self.one_task = one_task
+        """Whether a batch's rows are typed and written by one task (one core) at a time:
+        while the Kafka query runs beside this one, so that it always has a core."""
         self.metrics = metrics
         self.quarantine_uri = settings.table_uri(QUARANTINE_TABLE.name)
         self.timings: dict[str, float] = {}
@@ -305,16 +321,103 @@ class TypedSink:
         self._rejected = []
         self._collisions = 0
         spark = frame.sparkSession
-        events = frame.select(*_EVENT_COLUMNS).persist()
+        events = frame.select(*_EVENT_COLUMNS)
+        with self._timed("types"):
+            types = sorted(row[0] for row in events.select("aggregate_type").distinct().collect())
+        if not types:
+            return
+        in_one_job = [t for t in types if self._in_one_job(spark, events, t)]
+        rest = [t for t in types if t not in in_one_job]
+        self.metrics.typed_writes.labels("one_job").inc(len(in_one_job))
+        self.metrics.typed_writes.labels("two_jobs").inc(len(rest))
+        aside = self._in_two_jobs(spark, events, rest) if rest else 0
+        self.metrics.quarantined.labels("typed").inc(aside)
+        log.info(
+            "typed batch %d: %d aggregate types (%d in one job), %d typed rows set aside, "
+            "%.2f s (%s)",
+            batch_id,
+            len(types),
+            len(in_one_job),
+            aside,
+            time.monotonic() - started,
+            ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.timings.items()),
+        )
+
+    def _in_one_job(self, spark: SparkSession, events: DataFrame, aggregate_type: str) -> bool:
+        """One aggregate type's rows of the batch in one Spark job, as ``events`` lands its
+        common batch: the typed rows' files are written (nothing visible yet) while the rows
+        pending (a field the table lacks) and set aside are counted on the way; the driver
+        reads the written ids back, looks them up in the table within their ranges, and
+        commits the files. False, with nothing written: the table is new or another type's,
+        its schema is not the rows', a row was pending or set aside, or a copy has landed
+        before (a batch read again): the two-job path (:meth:`_write_type`) decides."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as f
+
+        name = typed_table_name(aggregate_type)
+        uri = self.settings.table_uri(name)
+        with self._timed("plan"):
+            table = open_table(self.settings, uri)
+            owner, existing = table_owner_and_columns(table, _TYPED_BASE_NAMES, _DELTA_KINDS)
+            if table is None or owner != aggregate_type:
+                return False
+            mine = events.where(f.col("aggregate_type") == aggregate_type)
+            observation = Observation()
+            typed = self._typing(spark, mine, existing, name, pending=True).observe(
+                observation,
+                f.count_if(f.col("_pending")).alias("pending"),
+                f.count_if(f.col("_reason").isNotNull()).alias("aside"),
+            )
+            rows = self._kept(typed)
+            if self.one_task:
+                rows = rows.coalesce(1)
+            pending = PendingAppend(spark, uri)
+            if not pending.fits(rows):
+                return False
+        committing = False
+        try:
+            with self._timed("write"):
+                pending.write(rows)
+                counts = observation.get
+            if counts["pending"] or counts["aside"]:
+                pending.discard()
+                return False
+            with self._timed("landed"):
+                written = pending.read(self.settings, ["event_id", "event_date"])
+                if written is not None and written.num_rows:
+                    ids = written.column("event_id").to_pylist()
+                    ranges = ranges_of(ids, written.column("event_date").to_pylist())
+                    landed = rows_within(self.settings, table, uri, ranges, ["event_id"])
+                    if len(set(ids)) < len(ids) or (
+                        landed.num_rows
+                        and not set(ids).isdisjoint(landed.column("event_id").to_pylist())
+                    ):
+                        pending.discard()
+                        return False
+            with self._timed("commit"):
+                committing = True
+                pending.commit()
+        except BaseException:
+            if not committing:  # once the commit is tried, its files may be the table's
+                pending.discard()
+            raise
+        return True
+
+    def _in_two_jobs(self, spark: SparkSession, events: DataFrame, types: list[str]) -> int:
+        """The aggregate types ``types`` of the batch, each classified row by row: their
+        shape first (one job), the copies landed before left out, rows with new fields
+        typed again once the columns are decided, the rows set aside to quarantine; how
+        many were set aside."""
+        from pyspark.sql import functions as f
+
+        events = events.where(f.col("aggregate_type").isin(types)).persist()
         set_aside: list[DataFrame] = []
         try:
             with self._timed("shape"):
-                types = batch_types(events)
-            if not types:
-                return
+                shapes = batch_types(events)
             typed_frames = []
             try:
-                for aggregate_type, part in sorted(types.items()):
+                for aggregate_type, part in sorted(shapes.items()):
                     with self._timed("typed"):
                         frames = self._write_type(spark, events, aggregate_type, part)
                     typed_frames.extend(frames)
@@ -328,15 +431,7 @@ class TypedSink:
                     typed.unpersist()
         finally:
             events.unpersist()
-        self.metrics.quarantined.labels("typed").inc(aside)
-        log.info(
-            "typed batch %d: %d aggregate types, %d typed rows set aside, %.2f s (%s)",
-            batch_id,
-            len(types),
-            aside,
-            time.monotonic() - started,
-            ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.timings.items()),
-        )
+        return aside
 
     @contextlib.contextmanager
     def _timed(self, stage: str) -> Iterator[None]:
@@ -365,7 +460,7 @@ class TypedSink:
         name = typed_table_name(aggregate_type)
         uri = self.settings.table_uri(name)
         owner, existing = table_owner_and_columns(
-            self.settings, uri, _TYPED_BASE_NAMES, _DELTA_KINDS
+            open_table(self.settings, uri), _TYPED_BASE_NAMES, _DELTA_KINDS
         )
         mine = events.where(f.col("aggregate_type") == aggregate_type)
         if owner is not None and owner != aggregate_type:
@@ -442,19 +537,39 @@ class TypedSink:
     ) -> _Typed:
         """``rows`` typed against ``columns`` on the executors (persisted), with the count of
         pending rows (an accumulator, known once the frame has been computed)."""
+        counted = spark.sparkContext.accumulator(0)
+        rejected = spark.sparkContext.accumulator(0)
+        frame = self._typing(
+            spark, rows, columns, name, pending=pending, counted=(counted, rejected)
+        )
+        self._rejected.append(rejected)
+        return _Typed(frame.persist(), counted)
+
+    def _typing(
+        self,
+        spark: SparkSession,
+        rows: DataFrame,
+        columns: dict[str, str],
+        name: str,
+        *,
+        pending: bool,
+        counted: tuple[Any, Any] | None = None,
+    ) -> DataFrame:
+        """``rows`` typed against ``columns``: in the JVM where it decides them
+        (:mod:`outbox_lake.spark_typing`), by the Python rules otherwise (``counted``: the
+        accumulators of rows pending and set aside there)."""
         from pyspark.sql import functions as f
         from pyspark.sql.pandas.types import from_arrow_schema
 
         schema = typed_batch_schema(columns)
-        counted = spark.sparkContext.accumulator(0)
-        rejected = spark.sparkContext.accumulator(0)
 
         def typing(batches: Iterable[Any]) -> Iterator[Any]:
             for batch in batches:
                 with recursion_limit(TYPING_RECURSION_LIMIT):
                     typed = type_batch(batch.to_pylist(), columns, name, pending=pending)
-                counted.add(typed.column("_pending").true_count if pending else 0)
-                rejected.add(typed.num_rows - typed.column("_reason").null_count)
+                if counted is not None:
+                    counted[0].add(typed.column("_pending").true_count if pending else 0)
+                    counted[1].add(typed.num_rows - typed.column("_reason").null_count)
                 yield typed
 
         spark_schema = from_arrow_schema(schema)
@@ -469,9 +584,7 @@ class TypedSink:
             frame = self._typed_in_jvm(rows.where(jvm.decided), jvm, spark_schema).unionByName(
                 frame
             )
-        frame = frame.withColumn("_table", f.lit(name)).persist()
-        self._rejected.append(rejected)
-        return _Typed(frame, counted)
+        return frame.withColumn("_table", f.lit(name))
 
     @staticmethod
     def _typed_in_jvm(rows: DataFrame, jvm: JvmTyping, schema: StructType) -> DataFrame:
@@ -490,7 +603,13 @@ class TypedSink:
 
     @staticmethod
     def _rows(typed: _Typed) -> DataFrame:
-        return typed.frame.where("_reason IS NULL AND _pending IS NOT TRUE").drop(
+        return TypedSink._kept(typed.frame)
+
+    @staticmethod
+    def _kept(frame: DataFrame) -> DataFrame:
+        """The typed rows of ``frame`` (neither set aside nor pending), in the table's
+        columns."""
+        return frame.where("_reason IS NULL AND _pending IS NOT TRUE").drop(
             "_reason", "_topic", "_partition", "_offset", "_key", "_value", "_table", "_pending"
         )
 
