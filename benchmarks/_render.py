@@ -299,8 +299,14 @@ def _lake(data: dict[str, Any], folder: Path) -> str:
     if catch:
         lines.append(
             f"Catch-up of {_fmt(catch['backlog'])} events already on Kafka: floor "
-            f"{_fmt(catch['floor'])} events/s, ours {_fmt(catch['ours'])} events/s "
-            f"(ratio {catch['ratio']:.2f}, target >= 0.8)."
+            f"{_fmt(catch['floor'])} events/s, ours {_fmt(catch['ours'])} events/s into "
+            f"`events` (ratio {catch['ratio']:.2f}, target >= 0.8)"
+            + (
+                f"; {_fmt(catch['ours_with_typed'])} events/s until the typed tables, filled "
+                "after `events`, hold them too."
+                if "ours_with_typed" in catch
+                else "."
+            )
         )
     cold = f.get("cold_start")
     if cold:

@@ -13,7 +13,8 @@ and prints our figures as ratios to the floor's:
    out as warm-up (reported apart). Also the median micro-batch, events landed per second,
    and, for our job, the typed table's freshness (it trails ``events`` by design);
 2. **catch-up**: ``--backlog`` events (1,000,000) already on Kafka, ingested with
-   ``availableNow``: events per second of each;
+   ``availableNow``: events per second of each until ``events`` holds them all (the typed
+   tables are filled after ``events``; ours is also given until they hold them too);
 3. **cold start**: ``outbox lake ingest --available-now`` as a command on 1,000 events: its
    wall time and its first batch's, from a new JVM.
 
@@ -267,7 +268,8 @@ def _rows(table: Path) -> int:
 
 
 def catch_up(spark: Any, bootstrap: str, work: Path, backlog: int) -> dict[str, float]:
-    """Events per second of each over the same backlog, already on Kafka."""
+    """Events per second of each over the same backlog, already on Kafka: until ``events``
+    holds it all (ours: also until the typed tables do, which the job fills after)."""
     from outbox.settings import KafkaSettings
     from outbox_lake.ingest import Ingest
 
@@ -279,18 +281,37 @@ def catch_up(spark: Any, bootstrap: str, work: Path, backlog: int) -> dict[str, 
         settings = lake_settings(
             root=str(root), topic_pattern="^" + topic.replace(".", r"\.") + "$"
         )
+        landed_at: list[float] = []
+        done = threading.Event()
+        watcher = threading.Thread(
+            target=_watch, args=(root / "events", backlog, done, landed_at), daemon=True
+        )
         started = time.monotonic()
+        watcher.start()
         if which == "floor":
             run_floor(spark, settings, bootstrap, available_now=True).awaitTermination()
         else:
             ingest = Ingest(spark, settings, KafkaSettings(bootstrap_servers=bootstrap))
             ingest.run(threading.Event(), available_now=True)
         took = time.monotonic() - started
+        done.set()
+        watcher.join()
         landed = _rows(root / "events")
         if landed < backlog:
             raise RuntimeError(f"{which}: {landed} of {backlog} events landed")
-        rates[which] = round(backlog / took, 1)
+        events_took = (landed_at[0] if landed_at else time.monotonic()) - started
+        rates[which] = round(backlog / min(events_took, took), 1)
+        if which == "ours":
+            rates["ours_with_typed"] = round(backlog / took, 1)
     return rates
+
+
+def _watch(events: Path, backlog: int, done: threading.Event, landed_at: list[float]) -> None:
+    """Note when ``events`` first holds ``backlog`` rows (checked every 0.5 s)."""
+    while not done.wait(0.5):
+        if _rows(events) >= backlog:
+            landed_at.append(time.monotonic())
+            return
 
 
 def cold_start(bootstrap: str, work: Path) -> dict[str, float]:
@@ -371,7 +392,8 @@ def main() -> None:
         ratio = rates["ours"] / rates["floor"]
         print(
             f"\ncatch-up of {arguments.backlog:,} events: floor {rates['floor']:,.0f}/s, ours "
-            f"{rates['ours']:,.0f}/s, ratio {ratio:.2f} (target >= 0.8)"
+            f"{rates['ours']:,.0f}/s into events, ratio {ratio:.2f} (target >= 0.8); ours "
+            f"with the typed tables filled after: {rates['ours_with_typed']:,.0f}/s"
         )
         results.figures["catch_up"] = {
             "backlog": arguments.backlog,

@@ -3,8 +3,9 @@ streaming source) and types each new event into ``aggregate_<type>``.
 
 ``events`` is the lake's freshness path and its truth (:mod:`outbox_lake.landing`); the
 typed tables are derived from it and trail it by about one trigger of this query. For each
-micro-batch of new ``events`` rows, the driver learns its aggregate types (one small job),
-then lands each type's rows on one of two paths, as ``events`` lands its batches:
+micro-batch of new ``events`` rows, each aggregate type's rows land on one of two paths, as
+``events`` lands its batches (the batch's types are observed by the write of the first type
+tried, one of the batch before; a small job of their own otherwise):
 
 - **one job** (the common case: the table exists, every row's fields are columns of it):
   the rows are typed on the executors (in the JVM where it can: :mod:`outbox_lake.spark_typing`;
@@ -131,6 +132,9 @@ def widened(existing: dict[str, str], columns: dict[str, str]) -> list[str]:
     """The table's columns whose kind ``columns`` changes (widens), in the table's order."""
     return [name for name, kind in existing.items() if columns.get(name, kind) != kind]
 
+
+_JVM_TYPINGS_KEPT = 256
+"""How many tables' JVM typing expressions the typed query keeps between batches."""
 
 FIRST_RECORDS = 1000
 """How many of a batch's first records decide a new typed table's columns (the later
@@ -314,20 +318,45 @@ class TypedSink:
         self._rejected: list[Any] = []
         """This batch's counts of typed rows set aside (accumulators)."""
         self._collisions = 0
+        self._tried: set[str] = set()
+        """The aggregate types whose one-job write ran in this batch (tried once)."""
+        self._last_types: list[str] = []
+        """The aggregate types of the batch before."""
+        self._jvm_typing: dict[tuple[tuple[str, str], ...], JvmTyping | None] = {}
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         self.timings = {}
         self._rejected = []
         self._collisions = 0
+        self._tried = set()
         spark = frame.sparkSession
         events = frame.select(*_EVENT_COLUMNS)
-        with self._timed("types"):
-            types = sorted(row[0] for row in events.select("aggregate_type").distinct().collect())
+        types: set[str] | None = None
+        in_one_job: list[str] = []
+        # The types of the batch before are tried first, the batch's types observed on the
+        # way: the common batch learns them without a job of its own.
+        for guess in self._last_types:
+            landed, seen = self._in_one_job(spark, events, guess, see_types=types is None)
+            if landed:
+                in_one_job.append(guess)
+            types = seen if types is None else types
+            if types is not None:
+                break
+        if types is None:
+            with self._timed("types"):
+                types = {row[0] for row in events.select("aggregate_type").distinct().collect()}
         if not types:
             return
-        in_one_job = [t for t in types if self._in_one_job(spark, events, t)]
-        rest = [t for t in types if t not in in_one_job]
+        self._last_types = sorted(types)
+        in_one_job = [t for t in in_one_job if t in types]
+        for aggregate_type in sorted(types - set(in_one_job)):
+            if (
+                aggregate_type not in self._tried
+                and self._in_one_job(spark, events, aggregate_type, see_types=False)[0]
+            ):
+                in_one_job.append(aggregate_type)
+        rest = sorted(types - set(in_one_job))
         self.metrics.typed_writes.labels("one_job").inc(len(in_one_job))
         self.metrics.typed_writes.labels("two_jobs").inc(len(rest))
         aside = self._in_two_jobs(spark, events, rest) if rest else 0
@@ -343,14 +372,19 @@ class TypedSink:
             ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.timings.items()),
         )
 
-    def _in_one_job(self, spark: SparkSession, events: DataFrame, aggregate_type: str) -> bool:
+    def _in_one_job(
+        self, spark: SparkSession, events: DataFrame, aggregate_type: str, *, see_types: bool
+    ) -> tuple[bool, set[str] | None]:
         """One aggregate type's rows of the batch in one Spark job, as ``events`` lands its
         common batch: the typed rows' files are written (nothing visible yet) while the rows
         pending (a field the table lacks) and set aside are counted on the way; the driver
         reads the written ids back, looks them up in the table within their ranges, and
         commits the files. False, with nothing written: the table is new or another type's,
         its schema is not the rows', a row was pending or set aside, or a copy has landed
-        before (a batch read again): the two-job path (:meth:`_write_type`) decides."""
+        before (a batch read again): the two-job path (:meth:`_write_type`) decides.
+
+        With ``see_types``, the aggregate types of the whole batch are observed by the same
+        job and returned (None when no job ran)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
 
@@ -360,7 +394,10 @@ class TypedSink:
             table = open_table(self.settings, uri)
             owner, existing = table_owner_and_columns(table, _TYPED_BASE_NAMES, _DELTA_KINDS)
             if table is None or owner != aggregate_type:
-                return False
+                return False, None
+            seeing = Observation()
+            if see_types:
+                events = events.observe(seeing, f.collect_set("aggregate_type").alias("types"))
             mine = events.where(f.col("aggregate_type") == aggregate_type)
             observation = Observation()
             typed = self._typing(spark, mine, existing, name, pending=True).observe(
@@ -373,27 +410,29 @@ class TypedSink:
                 rows = rows.coalesce(1)
             pending = PendingAppend(spark, uri)
             if not pending.fits(rows):
-                return False
+                return False, None
         committing = False
+        seen: set[str] | None = None
         try:
             with self._timed("write"):
+                self._tried.add(aggregate_type)
                 pending.write(rows)
                 counts = observation.get
-            if counts["pending"] or counts["aside"]:
+                seen = set(seeing.get["types"]) if see_types else None
+            if counts["pending"] or counts["aside"] or not pending.paths:
                 pending.discard()
-                return False
+                return False, seen
             with self._timed("landed"):
                 written = pending.read(self.settings, ["event_id", "event_date"])
-                if written is not None and written.num_rows:
-                    ids = written.column("event_id").to_pylist()
-                    ranges = ranges_of(ids, written.column("event_date").to_pylist())
-                    landed = rows_within(self.settings, table, uri, ranges, ["event_id"])
-                    if len(set(ids)) < len(ids) or (
-                        landed.num_rows
-                        and not set(ids).isdisjoint(landed.column("event_id").to_pylist())
-                    ):
-                        pending.discard()
-                        return False
+                ids = written.column("event_id").to_pylist() if written is not None else []
+                ranges = ranges_of(ids, written.column("event_date").to_pylist() if ids else [])
+                landed = rows_within(self.settings, table, uri, ranges, ["event_id"])
+                if len(set(ids)) < len(ids) or (
+                    landed.num_rows
+                    and not set(ids).isdisjoint(landed.column("event_id").to_pylist())
+                ):
+                    pending.discard()
+                    return False, seen
             with self._timed("commit"):
                 committing = True
                 pending.commit()
@@ -401,7 +440,7 @@ class TypedSink:
             if not committing:  # once the commit is tried, its files may be the table's
                 pending.discard()
             raise
-        return True
+        return True, seen
 
     def _in_two_jobs(self, spark: SparkSession, events: DataFrame, types: list[str]) -> int:
         """The aggregate types ``types`` of the batch, each classified row by row: their
@@ -573,7 +612,12 @@ class TypedSink:
                 yield typed
 
         spark_schema = from_arrow_schema(schema)
-        jvm = jvm_typing(columns)
+        key = tuple(columns.items())
+        if key not in self._jvm_typing:  # parsed once per table's columns
+            if len(self._jvm_typing) >= _JVM_TYPINGS_KEPT:
+                self._jvm_typing.clear()
+            self._jvm_typing[key] = jvm_typing(columns)
+        jvm = self._jvm_typing[key]
         python_rows = rows if jvm is None else rows.where(~jvm.decided)
         frame = (
             python_rows.withColumn("raw_key", f.encode("aggregate_id", "UTF-8"))
