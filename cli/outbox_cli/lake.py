@@ -323,7 +323,11 @@ def render_answer(
 @app.command()
 def maintain(
     retention_hours: int = typer.Option(
-        168, "--retention-hours", min=0, help="Vacuum files removed longer ago than this."
+        168,
+        "--retention-hours",
+        min=0,
+        help="Vacuum files removed longer ago than this, and files no commit names (left "
+        "by a job killed mid-batch; beside a running job only those over an hour old).",
     ),
     ingest_stopped: bool = typer.Option(
         False,

@@ -30,6 +30,7 @@ from outbox_lake.storage import is_table, open_table, storage_options
 if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 __all__ = [
     "IdRange",
@@ -244,17 +245,17 @@ class PendingAppend:
         """The written files, relative to the table's root (as its log names them)."""
         self.partition_values: list[dict[str, str]] = []
 
-    def fits(self, rows: DataFrame) -> bool:
-        """Whether ``rows`` have the table's columns, each of its type (Delta's writers
-        check this before they write; its transaction API does not)."""
+    def fits(self, schema: StructType) -> bool:
+        """Whether rows of ``schema`` have the table's columns, each of its type (Delta's
+        writers check this before they write; its transaction API does not)."""
         import json
 
         from pyspark.sql.types import StructType
 
         table = StructType.fromJson(json.loads(self._transaction.metadata().schema().json()))
         types = {field.name: field.dataType for field in table.fields}
-        return len(rows.schema.fields) == len(types) and all(
-            types.get(field.name) == field.dataType for field in rows.schema.fields
+        return len(schema.fields) == len(types) and all(
+            types.get(field.name) == field.dataType for field in schema.fields
         )
 
     def write(self, rows: DataFrame) -> None:

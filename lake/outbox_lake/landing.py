@@ -252,7 +252,7 @@ class EventsSink:
                 .select(*EVENTS_TABLE.names)
             )
             pending = PendingAppend(frame.sparkSession, self.events_uri)
-            if not pending.fits(rows):  # Delta's own writer says what differs
+            if not pending.fits(rows.schema):  # Delta's own writer says what differs
                 return None
         committing = False
         try:

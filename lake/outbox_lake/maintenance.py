@@ -44,7 +44,9 @@ class MaintenanceReport:
 def maintain(
     settings: LakeSettings, *, retention_hours: int = 168, ingest_stopped: bool = False
 ) -> list[MaintenanceReport]:
-    """Compact and vacuum every table; on object storage only with ``ingest_stopped``."""
+    """Compact and vacuum every table (files removed longer ago than ``retention_hours``,
+    and files no commit names, at least an hour old beside a running job); on object
+    storage only with ``ingest_stopped``."""
     if must_wait_for_the_job(settings, ingest_stopped=ingest_stopped):
         raise ConfigurationError(
             f"OUTBOX_LAKE_ROOT={settings.root} is on object storage, where Spark's Delta "
@@ -58,10 +60,15 @@ def maintain(
         if table is None:
             continue
         metrics = table.optimize.compact()
+        # full: also the files no commit names (a write whose commit never came: the job
+        # killed between the two); beside a running job never one younger than an hour,
+        # which may be a write about to be committed
+        kept_hours = retention_hours if ingest_stopped else max(retention_hours, 1)
         vacuumed = table.vacuum(
-            retention_hours=retention_hours,
+            retention_hours=kept_hours,
             dry_run=False,
-            enforce_retention_duration=retention_hours >= 168,
+            enforce_retention_duration=kept_hours >= 168,
+            full=True,
         )
         reports.append(
             MaintenanceReport(

@@ -310,8 +310,8 @@ class TypedSink:
     def __init__(self, settings: LakeSettings, metrics: LakeMetrics, *, one_task: bool) -> None:
         self.settings = settings
         self.one_task = one_task
-        """Whether a batch's rows are typed and written by one task (one core) at a time:
-        while the Kafka query runs beside this one, so that it always has a core."""
+        """Whether a one-job write types and writes its rows in one task (one core): while
+        the Kafka query runs beside this one, so that it always has a core."""
         self.metrics = metrics
         self.quarantine_uri = settings.table_uri(QUARANTINE_TABLE.name)
         self.timings: dict[str, float] = {}
@@ -323,6 +323,11 @@ class TypedSink:
         self._last_types: list[str] = []
         """The aggregate types of the batch before."""
         self._jvm_typing: dict[tuple[tuple[str, str], ...], JvmTyping | None] = {}
+        """Per table's columns, how the JVM types its rows (parsed once)."""
+        self._read_again: set[str] = set()
+        """The aggregate types whose rows of the last batch had landed before (a batch
+        read again after a crash or a deleted checkpoint): the two-job path, which leaves
+        them out, takes them until a batch of theirs finds none landed."""
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -336,7 +341,7 @@ class TypedSink:
         in_one_job: list[str] = []
         # The types of the batch before are tried first, the batch's types observed on the
         # way: the common batch learns them without a job of its own.
-        for guess in self._last_types:
+        for guess in (t for t in self._last_types if t not in self._read_again):
             landed, seen = self._in_one_job(spark, events, guess, see_types=types is None)
             if landed:
                 in_one_job.append(guess)
@@ -353,6 +358,7 @@ class TypedSink:
         for aggregate_type in sorted(types - set(in_one_job)):
             if (
                 aggregate_type not in self._tried
+                and aggregate_type not in self._read_again
                 and self._in_one_job(spark, events, aggregate_type, see_types=False)[0]
             ):
                 in_one_job.append(aggregate_type)
@@ -379,12 +385,11 @@ class TypedSink:
         common batch: the typed rows' files are written (nothing visible yet) while the rows
         pending (a field the table lacks) and set aside are counted on the way; the driver
         reads the written ids back, looks them up in the table within their ranges, and
-        commits the files. False, with nothing written: the table is new or another type's,
-        its schema is not the rows', a row was pending or set aside, or a copy has landed
-        before (a batch read again): the two-job path (:meth:`_write_type`) decides.
-
-        With ``see_types``, the aggregate types of the whole batch are observed by the same
-        job and returned (None when no job ran)."""
+        commits the files. Whether it landed them (else its files, if any, were deleted
+        uncommitted: the table is new or another type's, its schema is not the rows', a row
+        was pending or set aside, or a copy has landed before, a batch read again; the
+        two-job path, :meth:`_write_type`, decides), and with ``see_types`` the aggregate
+        types of the whole batch, observed by the same job (None when no job ran)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
 
@@ -395,22 +400,24 @@ class TypedSink:
             owner, existing = table_owner_and_columns(table, _TYPED_BASE_NAMES, _DELTA_KINDS)
             if table is None or owner != aggregate_type:
                 return False, None
+            pending = PendingAppend(spark, uri)
+            if not pending.fits(_kept_schema(existing)):
+                return False, None
             seeing = Observation()
-            if see_types:
+            if see_types:  # below the filter: it sees the whole batch (none moves under it)
                 events = events.observe(seeing, f.collect_set("aggregate_type").alias("types"))
             mine = events.where(f.col("aggregate_type") == aggregate_type)
+            typed = self._typing(spark, mine, existing, name, pending=True)
             observation = Observation()
-            typed = self._typing(spark, mine, existing, name, pending=True).observe(
-                observation,
-                f.count_if(f.col("_pending")).alias("pending"),
-                f.count_if(f.col("_reason").isNotNull()).alias("aside"),
+            rows = self._kept(
+                typed.observe(
+                    observation,
+                    f.count_if(f.col("_pending")).alias("pending"),
+                    f.count_if(f.col("_reason").isNotNull()).alias("aside"),
+                )
             )
-            rows = self._kept(typed)
             if self.one_task:
                 rows = rows.coalesce(1)
-            pending = PendingAppend(spark, uri)
-            if not pending.fits(rows):
-                return False, None
         committing = False
         seen: set[str] | None = None
         try:
@@ -418,20 +425,22 @@ class TypedSink:
                 self._tried.add(aggregate_type)
                 pending.write(rows)
                 counts = observation.get
-                seen = set(seeing.get["types"]) if see_types else None
-            if counts["pending"] or counts["aside"] or not pending.paths:
+                seen = set(seeing.get.get("types", ())) or None if see_types else None
+            # no figure (the metrics not collected): as if a row were pending
+            if counts.get("pending", 1) or counts.get("aside", 1) or not pending.paths:
                 pending.discard()
                 return False, seen
             with self._timed("landed"):
                 written = pending.read(self.settings, ["event_id", "event_date"])
-                ids = written.column("event_id").to_pylist() if written is not None else []
-                ranges = ranges_of(ids, written.column("event_date").to_pylist() if ids else [])
+                ids = written.column("event_id").to_pylist()
+                ranges = ranges_of(ids, written.column("event_date").to_pylist())
                 landed = rows_within(self.settings, table, uri, ranges, ["event_id"])
                 if len(set(ids)) < len(ids) or (
                     landed.num_rows
                     and not set(ids).isdisjoint(landed.column("event_id").to_pylist())
                 ):
                     pending.discard()
+                    self._read_again.add(aggregate_type)
                     return False, seen
             with self._timed("commit"):
                 committing = True
@@ -534,11 +543,13 @@ class TypedSink:
                 owner=aggregate_type,
             )
         landed = self._landed(uri, part)
-        if landed is not None:
+        if landed is None:
+            self._read_again.discard(aggregate_type)
+        else:
             mine = mine.join(f.broadcast(spark.createDataFrame(landed)), "event_id", "left_anti")
         first = self._typed(spark, mine, existing, name, pending=True)
         typed_frames = [first]
-        append(self._rows(first), uri, {"mergeSchema": "true"})
+        append(self._kept(first.frame), uri, {"mergeSchema": "true"})
         if not first.pending:  # counted on the executors while typing (the common case)
             return [first.frame]
         pending = first.frame.where("_pending").select("event_id").join(mine, "event_id")
@@ -554,7 +565,7 @@ class TypedSink:
             widen_to_decimal(spark, uri, widening)
         second = self._typed(spark, pending, columns, name, pending=False)
         typed_frames.append(second)
-        append(self._rows(second), uri, {"mergeSchema": "true"})
+        append(self._kept(second.frame), uri, {"mergeSchema": "true"})
         return [typed.frame for typed in typed_frames]
 
     def _landed(self, uri: str, part: TypeShape) -> Any:
@@ -646,10 +657,6 @@ class TypedSink:
         return rows.select(*(column(field) for field in schema.fields))
 
     @staticmethod
-    def _rows(typed: _Typed) -> DataFrame:
-        return TypedSink._kept(typed.frame)
-
-    @staticmethod
     def _kept(frame: DataFrame) -> DataFrame:
         """The typed rows of ``frame`` (neither set aside nor pending), in the table's
         columns."""
@@ -680,6 +687,13 @@ class TypedSink:
         return append_absent(
             self.settings, self.quarantine_uri, rows, "quarantine_id", QUARANTINE_TABLE.names
         )
+
+
+def _kept_schema(columns: dict[str, str]) -> StructType:
+    """The typed rows' schema as a table with payload ``columns`` keeps them."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(_typed_arrow_schema(typed_batch_schema(columns)))
 
 
 def _typed_arrow_schema(schema: Any) -> Any:
