@@ -196,7 +196,13 @@ def test_the_report_renders_every_section_and_plot(tmp_path: Path) -> None:
                         ],
                     }
                 },
-                "catch_up": {"backlog": 1000, "floor": 100.0, "ours": 90.0, "ratio": 0.9},
+                "catch_up": {
+                    "backlog": 1000,
+                    "floor": 100.0,
+                    "ours": 90.0,
+                    "ratio": 0.9,
+                    "ours_with_typed": 45.0,
+                },
                 "cold_start": {"wall_seconds": 40.0, "first_batch_seconds": 25.0},
             },
         },
@@ -233,7 +239,8 @@ def test_the_report_renders_every_section_and_plot(tmp_path: Path) -> None:
     assert "No results for: relay_throughput, effects_ledger." in text
     assert "not the published ones" in text
     assert "| 1,000 | 2.00 / 3.00 | 990 | 2.50 / 3.60 | 980 | 1.20 | 7.00 |" in text
-    assert "floor 100 events/s, ours 90 events/s (ratio 0.90, target >= 0.8)" in text
+    assert "floor 100 events/s, ours 90 events/s into `events` (ratio 0.90, target >= 0.8)" in text
+    assert "45 events/s until the typed tables" in text
     for plot in ("pipeline.png", "sdk_publish.png", "stages.png"):
         assert (tmp_path / "b" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"(benchmarks/{plot})" in text
