@@ -6,7 +6,9 @@ Prints, from one run on the stack's broker (Apache Kafka, one KRaft node; or the
 
 1. events per second from commit to record on the broker, 100,000 small events written in
    one transaction, through the connector with the Outbox Event Router and through a raw
-   connector (same rows, Debezium change events, no transform), and their ratio;
+   connector (same rows, Debezium change events, no transform), and their ratio: a warm-up
+   round of 20,000 through each first (Connect's JVM compiles its hot paths then), then
+   ``--rounds`` (2) measured rounds, the order alternating, the median of each;
 2. commit-to-broker latency p50/p95/p99 at a steady 1,000 and 5,000 events/s (10 and 50
    events every 10 ms, for 30 s each), with the Event Router, side by side: from the
    writer's commit to the moment a ``read_committed`` consumer read the record (Connect
@@ -18,7 +20,7 @@ Prints, from one run on the stack's broker (Apache Kafka, one KRaft node; or the
 
 Both connectors read the same publication through slots of their own, one at a time.
 
-    python -m benchmarks.cdc_throughput               # about 3 minutes
+    python -m benchmarks.cdc_throughput               # about 5 minutes
     python -m benchmarks.cdc_throughput --events 20000 --seconds 10
     python -m benchmarks.cdc_throughput --rates 1000  # latency at one rate only
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import threading
 import time
 import uuid
@@ -57,6 +60,8 @@ DATABASE = "outbox_bench_cdc"
 CDC_ROLE = "outbox_bench_cdc"
 # The connectors' names start so (then a run id); an interrupted run's are removed.
 CONNECTORS = ("benchrouted", "benchlatency", "benchraw")
+WARM_UP_EVENTS = 20_000
+"""Events of the warm-up round through each connector, before the measured rounds."""
 TICK_SECONDS = 0.010
 MIB = 2**20
 
@@ -237,6 +242,9 @@ def main() -> None:
     parser.add_argument(
         "--rates", type=int, nargs="+", default=[1000, 5000], help="events/s for the latency"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="measured throughput rounds, after a warm-up"
+    )
     parser.add_argument("--latency-only", action="store_true")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     arguments = parser.parse_args()
@@ -276,8 +284,8 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> N
     # source offsets, and Debezium refuses to start from an offset its new slot cannot serve.
     run_id = uuid.uuid4().hex[:6]
 
-    def connector(prefix: str) -> ConnectorSettings:
-        name = f"{prefix}{run_id}"
+    def connector(prefix: str, round_: int = 0) -> ConnectorSettings:
+        name = f"{prefix}{run_id}r{round_}"
         return ConnectorSettings(
             url=stack.connect.rest_url,
             name=name,
@@ -288,18 +296,31 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> N
             topic_prefix=name,
         )
 
-    routed = connector("benchrouted")
-    routed_config = render_connector_config(routed, outbox_settings)
     latency = connector("benchlatency")
     latency_config = render_connector_config(latency, outbox_settings)
-    raw = connector("benchraw")
-    raw_config = {
-        key: value
-        for key, value in render_connector_config(raw, outbox_settings).items()
-        if not key.startswith("transforms")
-    }
-    raw_config["value.converter"] = "org.apache.kafka.connect.json.JsonConverter"
-    raw_config["value.converter.schemas.enable"] = "false"
+
+    def throughput(which: str, round_: int, events: int) -> float:
+        """Events/s of one round through a new connector: ``routed`` (the Event Router) or
+        ``raw`` (Debezium's change events, no transform)."""
+        if which == "routed":
+            routed = connector("benchrouted", round_)
+            aggregate_type = f"thr{uuid.uuid4().hex[:8]}"
+            config = render_connector_config(routed, outbox_settings)
+            return measure_throughput(
+                stack, conninfo, routed, config, topic_for(aggregate_type), aggregate_type, events
+            )
+        raw = connector("benchraw", round_)
+        raw_config = {
+            key: value
+            for key, value in render_connector_config(raw, outbox_settings).items()
+            if not key.startswith("transforms")
+        }
+        raw_config["value.converter"] = "org.apache.kafka.connect.json.JsonConverter"
+        raw_config["value.converter.schemas.enable"] = "false"
+        topic = f"{raw.topic_prefix}.outbox.outbox"
+        return measure_throughput(
+            stack, conninfo, raw, raw_config, topic, f"raw{uuid.uuid4().hex[:8]}", events
+        )
 
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores; PostgreSQL 15 -> "
@@ -313,25 +334,18 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> N
     memory.start()
     try:
         if not arguments.latency_only:
-            routed_type = f"thr{uuid.uuid4().hex[:8]}"
-            with_router = measure_throughput(
-                stack,
-                conninfo,
-                routed,
-                routed_config,
-                topic_for(routed_type),
-                routed_type,
-                arguments.events,
-            )
-            without_router = measure_throughput(
-                stack,
-                conninfo,
-                raw,
-                raw_config,
-                f"{raw.topic_prefix}.outbox.outbox",
-                f"raw{uuid.uuid4().hex[:8]}",
-                arguments.events,
-            )
+            # Connect's JVM compiles its hot paths during the first run through it: a
+            # warm-up round of each first (not counted), then the measured rounds, the
+            # order alternating so that neither path always runs first.
+            for which in ("routed", "raw"):
+                throughput(which, 0, min(arguments.events, WARM_UP_EVENTS))
+            rounds: dict[str, list[float]] = {"routed": [], "raw": []}
+            for round_ in range(1, arguments.rounds + 1):
+                order = ("routed", "raw") if round_ % 2 else ("raw", "routed")
+                for which in order:
+                    rounds[which].append(throughput(which, round_, arguments.events))
+            with_router = statistics.median(rounds["routed"])
+            without_router = statistics.median(rounds["raw"])
             ratio = with_router / without_router
             print(f"with the Outbox Event Router : {with_router:>9,.0f} events/s")
             print(f"raw change events            : {without_router:>9,.0f} events/s")
@@ -341,6 +355,7 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> N
                 router_events_per_second=round(with_router, 1),
                 raw_events_per_second=round(without_router, 1),
                 ratio=round(ratio, 3),
+                rounds={which: [round(v, 1) for v in found] for which, found in rounds.items()},
             )
         client = start_connector(latency, latency_config)
         by_rate = {
