@@ -118,6 +118,10 @@ def offer(bootstrap: str, topic: str, rate: float, seconds: float, events: int =
         worker.join()
 
 
+_CREATED: list[str] = []
+"""The topics this run made (deleted at its end: they match every lake's default pattern)."""
+
+
 def new_topic(bootstrap: str, prefix: str) -> str:
     from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -125,9 +129,25 @@ def new_topic(bootstrap: str, prefix: str) -> str:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+        _CREATED.append(topic)
     finally:
         admin.close()
     return topic
+
+
+def delete_topics(bootstrap: str) -> None:
+    """Delete the topics this run made: left on the stack's broker, they would be read by
+    the next lake that ingests every outbox topic (``outbox demo``'s, say)."""
+    from kafka.admin import KafkaAdminClient
+
+    if not _CREATED:
+        return
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.delete_topics(list(_CREATED))
+        _CREATED.clear()
+    finally:
+        admin.close()
 
 
 def commit_waits(table: Path) -> list[tuple[float, float]]:
@@ -400,9 +420,15 @@ def main() -> None:
             **rates,
             "ratio": round(ratio, 3),
         }
+    except BaseException:
+        delete_topics(bootstrap)  # the cold start will not run, nor delete them after it
+        raise
     finally:
         spark.stop()
-    cold = cold_start(bootstrap, work)
+    try:
+        cold = cold_start(bootstrap, work)
+    finally:
+        delete_topics(bootstrap)
     print(f"\ncold start, `outbox lake ingest --available-now` on 1,000 events: {cold}")
     results.figures["cold_start"] = cold
     shutil.rmtree(work, ignore_errors=True)
