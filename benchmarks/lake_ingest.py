@@ -376,7 +376,7 @@ def main() -> None:
     arguments = parser.parse_args()
     results = Results("lake_ingest", arguments.json)
 
-    from outbox_lake.session import TUNED, spark_session
+    from outbox_lake.session import TUNED
 
     stack = postgres_and_broker()
     bootstrap = stack.bootstrap_servers
@@ -388,6 +388,18 @@ def main() -> None:
         flush=True,
     )
     results.figures["broker"] = "external" if stack.broker is None else stack.broker.describe()
+    try:
+        _measure(arguments, results, bootstrap, work)
+    finally:
+        delete_topics(bootstrap)
+    shutil.rmtree(work, ignore_errors=True)
+    results.write()
+
+
+def _measure(arguments: argparse.Namespace, results: Results, bootstrap: str, work: Path) -> None:
+    """Freshness at each rate, catch-up and cold start, each beside the floor."""
+    from outbox_lake.session import spark_session
+
     spark = spark_session(lake_settings())
     try:
         fresh: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -420,19 +432,11 @@ def main() -> None:
             **rates,
             "ratio": round(ratio, 3),
         }
-    except BaseException:
-        delete_topics(bootstrap)  # the cold start will not run, nor delete them after it
-        raise
     finally:
         spark.stop()
-    try:
-        cold = cold_start(bootstrap, work)
-    finally:
-        delete_topics(bootstrap)
+    cold = cold_start(bootstrap, work)
     print(f"\ncold start, `outbox lake ingest --available-now` on 1,000 events: {cold}")
     results.figures["cold_start"] = cold
-    shutil.rmtree(work, ignore_errors=True)
-    results.write()
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:

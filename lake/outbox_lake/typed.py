@@ -354,7 +354,6 @@ class TypedSink:
         if not types:
             return
         self._last_types = sorted(types)
-        in_one_job = [t for t in in_one_job if t in types]
         for aggregate_type in sorted(types - set(in_one_job)):
             if (
                 aggregate_type not in self._tried
@@ -403,8 +402,8 @@ class TypedSink:
             pending = PendingAppend(spark, uri)
             if not pending.fits(_kept_schema(existing)):
                 return False, None
-            seeing = Observation()
-            if see_types:  # below the filter: it sees the whole batch (none moves under it)
+            seeing = Observation() if see_types else None
+            if seeing is not None:  # below the filter: it sees the whole batch (none moves under)
                 events = events.observe(seeing, f.collect_set("aggregate_type").alias("types"))
             mine = events.where(f.col("aggregate_type") == aggregate_type)
             typed = self._typing(spark, mine, existing, name, pending=True)
@@ -425,7 +424,7 @@ class TypedSink:
                 self._tried.add(aggregate_type)
                 pending.write(rows)
                 counts = observation.get
-                seen = set(seeing.get.get("types", ())) or None if see_types else None
+                seen = None if seeing is None else set(seeing.get.get("types", ())) or None
             # no figure (the metrics not collected): as if a row were pending
             if counts.get("pending", 1) or counts.get("aside", 1) or not pending.paths:
                 pending.discard()
@@ -433,11 +432,11 @@ class TypedSink:
             with self._timed("landed"):
                 written = pending.read(self.settings, ["event_id", "event_date"])
                 ids = written.column("event_id").to_pylist()
+                unique = set(ids)
                 ranges = ranges_of(ids, written.column("event_date").to_pylist())
                 landed = rows_within(self.settings, table, uri, ranges, ["event_id"])
-                if len(set(ids)) < len(ids) or (
-                    landed.num_rows
-                    and not set(ids).isdisjoint(landed.column("event_id").to_pylist())
+                if len(unique) < len(ids) or (
+                    landed.num_rows and not unique.isdisjoint(landed.column("event_id").to_pylist())
                 ):
                     pending.discard()
                     self._read_again.add(aggregate_type)
