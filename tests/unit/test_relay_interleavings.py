@@ -42,7 +42,8 @@ AGGREGATES: list[Aggregate] = [("order", b"a"), ("order", b"b"), ("invoice", b"a
 GATE_SECONDS = 10.0
 """How long a thread waits for its turn: only reached when the scheduler is stuck."""
 DRAIN_ROUNDS = 30
-"""Loop rounds allowed after the schedule, the broker taking everything, to empty the table."""
+"""Loop rounds allowed after the schedule, the broker taking everything, without a row leaving
+the table (a batch of one row drains a long table one row a round: the bound is on progress)."""
 
 Point = tuple[bool, float, Aggregate | None]
 """At a switch point: switch to the other thread?, seconds the clock moves, a row to write."""
@@ -119,6 +120,7 @@ class Scheduler:
         self._main_waits = False
         self.main_ident: int | None = None
         self.drain_rounds = 0
+        self._rows_left = len(model.rows)
 
     @property
     def draining(self) -> bool:
@@ -131,6 +133,9 @@ class Scheduler:
             return True
         if self.draining:
             self.drain_rounds += 1
+            if len(model.rows) < self._rows_left:  # progress: the bound starts again
+                self.drain_rounds = 0
+        self._rows_left = len(model.rows)
         return self.drain_rounds > DRAIN_ROUNDS
 
     def _wait_for(self, ready: Callable[[], bool]) -> None:
