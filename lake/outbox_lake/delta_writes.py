@@ -19,7 +19,7 @@ them; a typed table records its aggregate type as the Delta metadata name).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date
 from typing import TYPE_CHECKING, Any
@@ -166,9 +166,14 @@ def rows_within(
     uri: str,
     ranges: list[IdRange],
     columns: list[str],
+    ids: Collection[str] | None = None,
 ) -> Any:
     """The table's rows whose event id is in ``ranges`` (an Arrow table of ``columns``),
-    read on the driver from the few files that may hold one."""
+    read on the driver from the few files that may hold one; with ``ids``, only the rows of
+    those ids: the ``event_id`` column is read first and the others only from the files
+    that hold one of them. File statistics cannot prune a batch whose ranges span a long
+    backlog (a catch-up over many partitions: each file then holds ids of every hour), so
+    the lookup of a batch's own ids reads one column, not every landed row whole."""
     import pyarrow as pa
     import pyarrow.dataset as ds
     from deltalake.fs import DeltaStorageHandler
@@ -177,15 +182,29 @@ def rows_within(
     paths = files_within(table, ranges)
     schema = pa.schema(table.schema().to_arrow())
     wanted = pa.schema([schema.field(name) for name in columns if name != "event_date"])
-    if not paths:
+    if not paths or (ids is not None and not ids):
         return wanted.empty_table()
     filesystem = PyFileSystem(DeltaStorageHandler(uri, storage_options(settings)))
-    dataset = ds.dataset(paths, schema=wanted, format="parquet", filesystem=filesystem)
     condition = None
     for item in ranges:
         part = (ds.field("event_id") >= item.low) & (ds.field("event_id") <= item.high)
         condition = part if condition is None else condition | part
-    return dataset.to_table(filter=condition)
+    if ids is None:
+        dataset = ds.dataset(paths, schema=wanted, format="parquet", filesystem=filesystem)
+        return dataset.to_table(filter=condition)
+    assert condition is not None  # files were found within the ranges
+    mine = condition & ds.field("event_id").isin(pa.array(list(ids), pa.string()))
+    keys = ds.dataset(
+        paths, schema=pa.schema([schema.field("event_id")]), format="parquet", filesystem=filesystem
+    )
+    found = keys.to_table(columns=["event_id", "__filename"], filter=mine)
+    if wanted.names == ["event_id"]:
+        return found.select(["event_id"]).cast(wanted)
+    if found.num_rows == 0:
+        return wanted.empty_table()
+    holding = sorted(set(found.column("__filename").to_pylist()))
+    dataset = ds.dataset(holding, schema=wanted, format="parquet", filesystem=filesystem)
+    return dataset.to_table(filter=ds.field("event_id").isin(found.column("event_id")))
 
 
 def append_absent(

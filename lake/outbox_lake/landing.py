@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -274,8 +274,7 @@ class EventsSink:
             with self._timed("check"):
                 topic_ids = self.check(shape, self.known())
             with self._timed("landed"):
-                landed = self._landed(shape.ranges)
-                if landed.num_rows and not ids.isdisjoint(landed.column("event_id").to_pylist()):
+                if self._landed(shape.ranges, ["event_id"], ids).num_rows:
                     pending.discard()
                     return None
             after = self._after(shape, topic_ids)
@@ -359,12 +358,14 @@ class EventsSink:
         classified: DataFrame | None = None
         try:
             with self._timed("landed"):
-                landed = self._landed(ranges)
-                met = landed.num_rows > 0 and bool(
-                    events.where(f.col("event_id").isin(landed.column("event_id").to_pylist()))
-                    .limit(1)
-                    .count()
-                )
+                # the ids landed within the batch's ranges first (one column); only when
+                # there are some, the batch's ids on the driver, and the content of those
+                # of them already landed (few: never every landed row of a long backlog)
+                landed = self._landed(ranges, ["event_id"])
+                if landed.num_rows:
+                    mine = events.select("event_id").toArrow().column("event_id")
+                    landed = self._landed(ranges, list(_LANDED), mine.to_pylist())
+                met = landed.num_rows > 0
             if slow is None and not shape.repeated and not met:
                 # the common case: every event of the batch is new
                 counts = {"new": shape.events}
@@ -445,15 +446,17 @@ class EventsSink:
             self.progress.typed_through,
         )
 
-    def _landed(self, ranges: list[IdRange]) -> Any:
-        """``events``' rows in ``ranges``, read on the driver (``deltalake``, the table's
-        latest version: this job's last commit included)."""
+    def _landed(
+        self, ranges: list[IdRange], columns: list[str], ids: Collection[str] | None = None
+    ) -> Any:
+        """``events``' rows in ``ranges`` (of ``ids`` only, when given), read on the driver
+        (``deltalake``, the table's latest version: this job's last commit included)."""
         if self._events is None:
             self._events = open_table(self.settings, self.events_uri)
         else:
             self._events.update_incremental()
         assert self._events is not None  # created before the first batch
-        return rows_within(self.settings, self._events, self.events_uri, ranges, list(_LANDED))
+        return rows_within(self.settings, self._events, self.events_uri, ranges, columns, ids)
 
     def _quarantine(self, rows: DataFrame) -> int:
         """The rows set aside, into ``quarantine`` (those it lacks); how many were new."""

@@ -434,10 +434,8 @@ class TypedSink:
                 ids = written.column("event_id").to_pylist()
                 unique = set(ids)
                 ranges = ranges_of(ids, written.column("event_date").to_pylist())
-                landed = rows_within(self.settings, table, uri, ranges, ["event_id"])
-                if len(unique) < len(ids) or (
-                    landed.num_rows and not unique.isdisjoint(landed.column("event_id").to_pylist())
-                ):
+                landed = rows_within(self.settings, table, uri, ranges, ["event_id"], unique)
+                if len(unique) < len(ids) or landed.num_rows:
                     pending.discard()
                     self._read_again.add(aggregate_type)
                     return False, seen

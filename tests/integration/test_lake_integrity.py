@@ -566,6 +566,52 @@ def test_a_copy_written_later_on_another_topic_never_replaces_the_event(
     assert set_aside["reason"].startswith("conflicting copy")
 
 
+def test_a_backlog_over_many_partitions_lands_once_with_its_copies_classified(
+    kafka_services: KafkaServices, tmp_path: Path
+) -> None:
+    """More partitions than the one-job path observes (the two-job path, every batch), a
+    backlog whose batches each hold ids of its whole time (the ranges of each batch's lookup
+    span the backlog, so file statistics cannot narrow it): every event lands once, a later
+    copy with the same content is a duplicate, one with other content is set aside."""
+    prefix = f"p{uuid.uuid4().hex[:8]}"
+    aggregate_type = f"{prefix}order"
+    topic = topic_for(aggregate_type)
+    bootstrap = kafka_services.bootstrap_servers
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=40, replication_factor=1)])
+    finally:
+        admin.close()
+    ids = [new_event_id() for _ in range(440)]
+    backlog = [
+        contract_record(aggregate_type, f'{{"n": {n}}}', event_id=ids[n], aggregate_id=str(n))
+        for n in range(400)
+    ]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in backlog])
+    root = tmp_path / "lake"
+    env = lake_env(root, prefix, bootstrap, OUTBOX_LAKE_MAX_RECORDS_PER_BATCH="100")
+    metrics = ingested(env)
+    assert metrics is not None and metrics.two_job_batches._value.get() >= 4
+
+    # copies of landed events (the same content, so on the same partition; and another
+    # content on another), beside new events
+    same = contract_record(aggregate_type, '{"n": 0}', event_id=ids[0], aggregate_id="0")
+    forged = contract_record(aggregate_type, '{"n": -1}', event_id=ids[1], aggregate_id="y")
+    later = [
+        contract_record(aggregate_type, f'{{"n": {n}}}', event_id=ids[n], aggregate_id=str(n))
+        for n in range(400, 440)
+    ]
+    send(bootstrap, [(r.topic, r.key, r.value, list(r.headers)) for r in [same, forged, *later]])
+    ingested(env)
+
+    landed = rows(root, "events")
+    assert sorted(row["event_id"] for row in landed) == sorted(str(i) for i in ids)
+    assert {row["payload"] for row in landed if row["event_id"] == str(ids[1])} == {'{"n": 1}'}
+    set_aside = [(row["event_id"], row["value"], row["reason"]) for row in rows(root, "quarantine")]
+    assert [row[:2] for row in set_aside] == [(str(ids[1]), b'{"n": -1}')], set_aside
+    assert set_aside[0][2].startswith("conflicting copy")
+
+
 def forget_topic_ids(root: Path) -> None:
     """Make the lake's progress that of a broker that gives no topic ids: one more commit
     of ``events``, with no rows, whose progress has none."""
