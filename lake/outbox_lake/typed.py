@@ -136,6 +136,10 @@ def widened(existing: dict[str, str], columns: dict[str, str]) -> list[str]:
 _JVM_TYPINGS_KEPT = 256
 """How many tables' JVM typing expressions the typed query keeps between batches."""
 
+CACHED_TYPES = 4
+"""A batch of more aggregate types than this is kept in memory while each type is written
+(each type's write reads the whole batch: 80 types read the table's files 80 times)."""
+
 FIRST_RECORDS = 1000
 """How many of a batch's first records decide a new typed table's columns (the later
 records' new fields are decided as for a table that exists: by the pending rows)."""
@@ -337,34 +341,45 @@ class TypedSink:
         self._tried = set()
         spark = frame.sparkSession
         events = frame.select(*_EVENT_COLUMNS)
-        types: set[str] | None = None
-        in_one_job: list[str] = []
-        # The types of the batch before are tried first, the batch's types observed on the
-        # way: the common batch learns them without a job of its own.
-        for guess in (t for t in self._last_types if t not in self._read_again):
-            landed, seen = self._in_one_job(spark, events, guess, see_types=types is None)
-            if landed:
-                in_one_job.append(guess)
-            types = seen if types is None else types
-            if types is not None:
-                break
-        if types is None:
-            with self._timed("types"):
-                types = {row[0] for row in events.select("aggregate_type").distinct().collect()}
-        if not types:
-            return
-        self._last_types = sorted(types)
-        for aggregate_type in sorted(types - set(in_one_job)):
-            if (
-                aggregate_type not in self._tried
-                and aggregate_type not in self._read_again
-                and self._in_one_job(spark, events, aggregate_type, see_types=False)[0]
-            ):
-                in_one_job.append(aggregate_type)
-        rest = sorted(types - set(in_one_job))
-        self.metrics.typed_writes.labels("one_job").inc(len(in_one_job))
-        self.metrics.typed_writes.labels("two_jobs").inc(len(rest))
-        aside = self._in_two_jobs(spark, events, rest) if rest else 0
+        # Each type's write reads the batch: of many types, it is read from memory once
+        # Spark has read it (not the events table's files once per type).
+        cached: DataFrame | None = None
+        if len(self._last_types) > CACHED_TYPES:
+            events = cached = events.persist()
+        try:
+            types: set[str] | None = None
+            in_one_job: list[str] = []
+            # The types of the batch before are tried first, the batch's types observed on
+            # the way: the common batch learns them without a job of its own.
+            for guess in (t for t in self._last_types if t not in self._read_again):
+                landed, seen = self._in_one_job(spark, events, guess, see_types=types is None)
+                if landed:
+                    in_one_job.append(guess)
+                types = seen if types is None else types
+                if types is not None:
+                    break
+            if types is None:
+                with self._timed("types"):
+                    types = {row[0] for row in events.select("aggregate_type").distinct().collect()}
+            if not types:
+                return
+            if cached is None and len(types) > CACHED_TYPES:
+                events = cached = events.persist()
+            self._last_types = sorted(types)
+            for aggregate_type in sorted(types - set(in_one_job)):
+                if (
+                    aggregate_type not in self._tried
+                    and aggregate_type not in self._read_again
+                    and self._in_one_job(spark, events, aggregate_type, see_types=False)[0]
+                ):
+                    in_one_job.append(aggregate_type)
+            rest = sorted(types - set(in_one_job))
+            self.metrics.typed_writes.labels("one_job").inc(len(in_one_job))
+            self.metrics.typed_writes.labels("two_jobs").inc(len(rest))
+            aside = self._in_two_jobs(spark, events, rest) if rest else 0
+        finally:
+            if cached is not None:
+                cached.unpersist()
         self.metrics.quarantined.labels("typed").inc(aside)
         log.info(
             "typed batch %d: %d aggregate types (%d in one job), %d typed rows set aside, "

@@ -157,6 +157,36 @@ def test_each_aggregate_type_of_a_batch_takes_its_own_path(tmp_path: Path) -> No
     assert "amount" in aside[0]["reason"]
 
 
+def test_a_batch_of_many_types_lands_each_once_from_memory(tmp_path: Path) -> None:
+    """More types than CACHED_TYPES in a batch: the batch is kept in memory while each
+    type's rows are written (first batch: the tables are new; second: one job each; third:
+    read again, nothing added), and every type's rows land once."""
+    from outbox_cli.lake import with_spark_jars
+    from outbox_lake.metrics import LakeMetrics
+    from outbox_lake.settings import LakeSettings
+    from outbox_lake.typed import CACHED_TYPES, TypedSink
+
+    spark = shared_spark()
+    root = tmp_path / "lake"
+    settings = with_spark_jars(LakeSettings(root=str(root)))
+    metrics = LakeMetrics()
+    sink = TypedSink(settings, metrics, one_task=True)
+    cached_before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    types = [f"t{n}" for n in range(CACHED_TYPES + 2)]
+    rows = {t: _rows(t, [{"n": n, "of": t} for n in range(8)]) for t in types}
+    first = [row for t in types for row in rows[t][:4]]
+    second = [row for t in types for row in rows[t][4:]]
+    sink(spark.createDataFrame(first, EVENTS_SCHEMA), 0)
+    sink(spark.createDataFrame(second, EVENTS_SCHEMA), 1)
+    assert metrics.typed_writes.labels("one_job")._value.get() == len(types)
+    sink(spark.createDataFrame(second, EVENTS_SCHEMA), 1)  # read again
+    for t in types:
+        landed = _table(root, t).to_pyarrow_table(columns=["event_id", "of"]).to_pylist()
+        assert sorted(row["event_id"] for row in landed) == sorted(row[0] for row in rows[t])
+        assert {row["of"] for row in landed} == {t}
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached_before  # none left
+
+
 def test_maintain_vacuums_files_no_commit_names_once_they_are_an_hour_old(
     tmp_path: Path,
 ) -> None:
