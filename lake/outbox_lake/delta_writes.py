@@ -204,7 +204,8 @@ def rows_within(
         return wanted.empty_table()
     holding = sorted(set(found.column("__filename").to_pylist()))
     dataset = ds.dataset(holding, schema=wanted, format="parquet", filesystem=filesystem)
-    return dataset.to_table(filter=ds.field("event_id").isin(found.column("event_id")))
+    landed = found.column("event_id").combine_chunks()
+    return dataset.to_table(filter=ds.field("event_id").isin(landed))
 
 
 def append_absent(

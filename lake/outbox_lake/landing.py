@@ -358,13 +358,10 @@ class EventsSink:
         classified: DataFrame | None = None
         try:
             with self._timed("landed"):
-                # the ids landed within the batch's ranges first (one column); only when
-                # there are some, the batch's ids on the driver, and the content of those
-                # of them already landed (few: never every landed row of a long backlog)
-                landed = self._landed(ranges, ["event_id"])
-                if landed.num_rows:
-                    mine = events.select("event_id").toArrow().column("event_id")
-                    landed = self._landed(ranges, list(_LANDED), mine.to_pylist())
+                # the batch's ids on the driver (a batch's worth), then the landed rows of
+                # those ids alone: never every landed row of a long backlog
+                mine = events.select("event_id").toArrow().column("event_id")
+                landed = self._landed(ranges, list(_LANDED), mine.to_pylist())
                 met = landed.num_rows > 0
             if slow is None and not shape.repeated and not met:
                 # the common case: every event of the batch is new
