@@ -69,6 +69,7 @@ from outbox_lake.tables import QUARANTINE_TABLE, TYPED_BASE
 from outbox_lake.typed_rows import payload_columns, type_batch, typed_batch_schema, widens
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructField, StructType
 
@@ -519,9 +520,8 @@ class TypedSink:
 
         name = typed_table_name(aggregate_type)
         uri = self.settings.table_uri(name)
-        owner, existing = table_owner_and_columns(
-            open_table(self.settings, uri), _TYPED_BASE_NAMES, _DELTA_KINDS
-        )
+        table = open_table(self.settings, uri)
+        owner, existing = table_owner_and_columns(table, _TYPED_BASE_NAMES, _DELTA_KINDS)
         mine = events.where(f.col("aggregate_type") == aggregate_type)
         if owner is not None and owner != aggregate_type:
             reason = (
@@ -554,7 +554,8 @@ class TypedSink:
                 by_day=True,
                 owner=aggregate_type,
             )
-        landed = self._landed(uri, part)
+        # a table made just now holds nothing: no lookup
+        landed = None if table is None else self._landed(table, uri, part, mine)
         if landed is None:
             self._read_again.discard(aggregate_type)
         else:
@@ -580,13 +581,13 @@ class TypedSink:
         append(self._kept(second.frame), uri, {"mergeSchema": "true"})
         return [typed.frame for typed in typed_frames]
 
-    def _landed(self, uri: str, part: TypeShape) -> Any:
-        """The typed table's ids in the batch's ranges (None: none; read on the driver)."""
-        table = open_table(self.settings, uri)
-        if table is None:
-            return None
-        landed = rows_within(self.settings, table, uri, part.ranges, ["event_id"])
-        return landed.select(["event_id"]) if landed.num_rows else None
+    def _landed(self, table: DeltaTable, uri: str, part: TypeShape, mine: DataFrame) -> Any:
+        """The ids of the batch's rows ``mine`` the typed table holds (None: none; read on
+        the driver: the batch's ids first, then those of them in the table's files that
+        may hold one, never every id a long backlog left in the batch's ranges)."""
+        ids = mine.select("event_id").toArrow().column("event_id").to_pylist()
+        landed = rows_within(self.settings, table, uri, part.ranges, ["event_id"], ids)
+        return landed if landed.num_rows else None
 
     def _typed(
         self,
