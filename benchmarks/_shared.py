@@ -50,6 +50,20 @@ def fresh_database(stack: LocalStack, name: str) -> str:
     return url
 
 
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """Delete the outbox topics a run made: left on the stack's broker, they would be read
+    by the next lake that ingests every outbox topic (``outbox demo``'s, say)."""
+    from kafka.admin import KafkaAdminClient
+
+    if not topics:
+        return
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.delete_topics(topics)
+    finally:
+        admin.close()
+
+
 def percentile(values: list[float], fraction: float) -> float:
     return values[min(len(values) - 1, int(fraction * len(values)))]
 

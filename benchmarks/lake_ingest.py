@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._results import Results
-from benchmarks._shared import percentile, postgres_and_broker
+from benchmarks._shared import delete_topics, percentile, postgres_and_broker
 from outbox_lake.settings import LakeSettings
 from outbox_stack.artifacts import spark_extra_jars
 from outbox_stack.settings import StackSettings
@@ -135,19 +135,10 @@ def new_topic(bootstrap: str, prefix: str) -> str:
     return topic
 
 
-def delete_topics(bootstrap: str) -> None:
-    """Delete the topics this run made: left on the stack's broker, they would be read by
-    the next lake that ingests every outbox topic (``outbox demo``'s, say)."""
-    from kafka.admin import KafkaAdminClient
-
-    if not _CREATED:
-        return
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.delete_topics(list(_CREATED))
-        _CREATED.clear()
-    finally:
-        admin.close()
+def delete_created(bootstrap: str) -> None:
+    """Delete the topics this run made (:func:`benchmarks._shared.delete_topics`)."""
+    delete_topics(bootstrap, list(_CREATED))
+    _CREATED.clear()
 
 
 def commit_waits(table: Path) -> list[tuple[float, float]]:
@@ -391,7 +382,7 @@ def main() -> None:
     try:
         _measure(arguments, results, bootstrap, work)
     finally:
-        delete_topics(bootstrap)
+        delete_created(bootstrap)
     shutil.rmtree(work, ignore_errors=True)
     results.write()
 

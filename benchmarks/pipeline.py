@@ -51,6 +51,7 @@ from benchmarks._results import Results
 from benchmarks._shared import (
     broker_name,
     connect_name,
+    delete_topics,
     fresh_database,
     percentile,
     stack_names,
@@ -402,6 +403,8 @@ def main() -> None:
         if arguments.lake_log:
             shutil.copyfile(work / "lake.log", arguments.lake_log)
         ConnectClient(connector.url).delete(connector.name)
+        # after the connector, which would otherwise create it again
+        delete_topics(stack.bootstrap_servers, [topic_for(aggregate_type)])
         drop_slots(stack.postgres.conninfo("postgres"), [connector.slot_name])
         stack.postgres.drop_database(DATABASE)
         shutil.rmtree(work, ignore_errors=True)
