@@ -39,6 +39,7 @@ __all__ = [
     "append_absent",
     "create_table",
     "id_ranges",
+    "ids_of",
     "ranges_of",
     "within",
 ]
@@ -158,6 +159,13 @@ def files_within(table: DeltaTable, ranges: list[IdRange]) -> list[str]:
     if keep is None:
         return []
     return [str(path) for path in actions.filter(keep).column("path").to_pylist()]
+
+
+def ids_of(rows: DataFrame) -> list[str]:
+    """The event ids of ``rows``, brought to the driver (a batch's worth) for
+    :func:`rows_within`."""
+    ids: list[str] = rows.select("event_id").toArrow().column("event_id").to_pylist()
+    return ids
 
 
 def rows_within(

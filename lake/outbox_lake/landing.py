@@ -54,6 +54,7 @@ from outbox_lake.delta_writes import (
     append_absent,
     create_table,
     id_ranges,
+    ids_of,
     ranges_of,
     rows_within,
 )
@@ -360,8 +361,7 @@ class EventsSink:
             with self._timed("landed"):
                 # the batch's ids on the driver (a batch's worth), then the landed rows of
                 # those ids alone: never every landed row of a long backlog
-                mine = events.select("event_id").toArrow().column("event_id")
-                landed = self._landed(ranges, list(_LANDED), mine.to_pylist())
+                landed = self._landed(ranges, list(_LANDED), ids_of(events))
                 met = landed.num_rows > 0
             if slow is None and not shape.repeated and not met:
                 # the common case: every event of the batch is new

@@ -55,6 +55,7 @@ from outbox_lake.delta_writes import (
     append_absent,
     create_table,
     id_ranges,
+    ids_of,
     ranges_of,
     rows_within,
     table_owner_and_columns,
@@ -585,8 +586,7 @@ class TypedSink:
         """The ids of the batch's rows ``mine`` the typed table holds (None: none; read on
         the driver: the batch's ids first, then those of them in the table's files that
         may hold one, never every id a long backlog left in the batch's ranges)."""
-        ids = mine.select("event_id").toArrow().column("event_id").to_pylist()
-        landed = rows_within(self.settings, table, uri, part.ranges, ["event_id"], ids)
+        landed = rows_within(self.settings, table, uri, part.ranges, ["event_id"], ids_of(mine))
         return landed if landed.num_rows else None
 
     def _typed(
