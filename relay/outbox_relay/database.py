@@ -27,6 +27,7 @@ without a sort still sorts: the setting only adds to a sort's estimated cost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
@@ -38,9 +39,11 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from outbox.core.errors import ConfigurationError
 from outbox.core.tables import OutboxTables
 from outbox.database_errors import database_error
 from outbox_relay.cdc_watch import Offsets
+from outbox_relay.slices import SLICES, Shares, describe, fair_share, plan
 from outbox_relay.statements import RelayStatements
 
 __all__ = ["Backlog", "LeaseLost", "OutboxRow", "RelayDatabase", "libpq_conninfo"]
@@ -53,6 +56,10 @@ _KEEPALIVE_COUNT = 3
 def id_list(event_ids: Iterable[str | uuid.UUID]) -> str:
     """Event ids as the delete statement's one text parameter: UUIDs never hold a comma."""
     return ",".join(map(str, event_ids))
+
+
+class _Partial(Exception):
+    """A take of every slice found some taken already: undo it."""
 
 
 class LeaseLost(Exception):
@@ -97,7 +104,13 @@ class Backlog:
 class RelayDatabase:
     """One autocommit session; each statement sees its own, fresh snapshot."""
 
-    def __init__(self, database_url: str, tables: OutboxTables, lease_seconds: float) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        tables: OutboxTables,
+        lease_seconds: float,
+        balance_seconds: float = 1.0,
+    ) -> None:
         self._conninfo = libpq_conninfo(database_url)
         self.statements = RelayStatements(tables)
         self.lease_seconds = lease_seconds
@@ -106,6 +119,14 @@ class RelayDatabase:
         self._marker = 0
         self._lease_deadline = 0.0
         self._renew_due = 0.0
+        self._shares_due = 0.0
+        self._held: frozenset[int] = frozenset()
+        self._member: int | None = None
+        self._whole = False
+        self.balance_seconds = balance_seconds
+        """How often a relay looks whether the shares changed (a relay joined or ended)."""
+        self.rebalance_wanted = False
+        """Set by :meth:`renew_if_due`: the shares changed, :meth:`balance` between batches."""
         self._connection: psycopg.Connection[Any] | None = None
 
     def connect(self) -> None:
@@ -150,7 +171,11 @@ class RelayDatabase:
                 break
 
     def close(self) -> None:
+        """End the session: its leases are free for the other relays at once."""
         self._lease_deadline = 0.0
+        self._held = frozenset()
+        self._member = None
+        self.rebalance_wanted = False
         if self._connection is not None:
             self._connection.close()
             self._connection = None
@@ -161,24 +186,112 @@ class RelayDatabase:
             raise psycopg.OperationalError("the relay's database session is closed")
         return self._connection
 
-    def try_lead(self) -> bool:
-        """Take (or renew) the lease if nobody else holds it; True when this relay leads."""
+    # -- leases: the slices this relay publishes, its membership (relay/outbox_relay/slices.py) --
+
+    @property
+    def slices(self) -> frozenset[int]:
+        """The slices whose rows this relay publishes (none: it stands by)."""
+        return self._held
+
+    def join(self) -> None:
+        """On a new session: the lease rows made if missing, a member lease taken (none
+        while :data:`MEMBERS` relays live: this one then stands by)."""
+        self._held = frozenset()
+        self._member = None
+        try:
+            self.connection.execute(self.statements.lease_rows)
+        except psycopg.errors.CheckViolation as error:
+            raise ConfigurationError(
+                "the relay's lease table knows only one leader: this relay shares the work "
+                "in slices (outbox_0011). Run `outbox db upgrade`"
+            ) from error
+        self._take_member()
+
+    def _lease_params(self, **more: object) -> dict[str, object]:
+        return {"holder": self.holder, "key": self._marker, "seconds": self.lease_seconds, **more}
+
+    def _take(self, kind: str, count: int) -> list[int]:
+        rows = self.connection.execute(
+            self.statements.take, self._lease_params(kind=kind, count=count)
+        ).fetchall()
+        return [int(name.split(" ", 1)[1]) for (name,) in rows]
+
+    def _take_member(self) -> None:
+        taken = self._take("member", 1)
+        self._member = taken[0] if taken else None
+
+    def _renew(self) -> None:
+        """Extend every lease held; LeaseLost when another relay took one of its slices."""
         sent = time.monotonic()
-        row = self.connection.execute(
-            self.statements.take_lease,
-            {"holder": self.holder, "key": self._marker, "seconds": self.lease_seconds},
-        ).fetchone()
-        if row is None:
+        names = {
+            name
+            for (name,) in self.connection.execute(
+                self.statements.renew, self._lease_params()
+            ).fetchall()
+        }
+        lost = sorted(n for n in self._held if f"slice {n}" not in names)
+        if lost:
+            self._held = frozenset()
             self._lease_deadline = 0.0
-            return False
+            raise LeaseLost(
+                f"another relay took slices {describe(lost)}: this relay's lease ran out "
+                "(database unreachable or too slow?); it joins again"
+            )
+        if self._member is not None and f"member {self._member}" not in names:
+            self._member = None
         self._lease_deadline = sent + self.lease_seconds
         self._renew_due = sent + self.lease_seconds / 3
-        return True
 
     def renew_if_due(self) -> None:
-        """Renew the lease every third of its length; LeaseLost when another relay leads."""
-        if time.monotonic() >= self._renew_due and not self.try_lead():
-            raise LeaseLost("another relay took the lease: this one stands by")
+        """Renew the leases every third of their length; LeaseLost when another relay took
+        a slice of this one. Every ``balance_seconds``, look whether the relays' shares
+        changed: :attr:`rebalance_wanted` then asks the loop for :meth:`balance`."""
+        now = time.monotonic()
+        if now >= self._renew_due:
+            self._renew()
+        if now >= self._shares_due and not self.rebalance_wanted:
+            self._shares_due = now + self.balance_seconds
+            self.rebalance_wanted = bool(self._shares(whole=self._whole))
+
+    def _shares(self, *, whole: bool) -> Shares:
+        if self._member is None:
+            self._take_member()
+        row = self.connection.execute(self.statements.shares).fetchone()
+        members, free = (row[0], int(row[1])) if row else ([], 0)
+        target = fair_share(members, self.holder) if self._member is not None else 0
+        return plan(self._held, target, free, whole=whole)
+
+    def balance(self, *, whole: bool = False) -> bool:
+        """Between batches (nothing in flight): hand back the slices above this relay's
+        fair share, take free ones up to it. ``whole``: this relay works only with every
+        slice (auto and cleanup modes follow CDC's one stream): it takes all of them at once
+        or none. True when the slices held changed (the read floor must start again)."""
+        self._whole = whole
+        self.rebalance_wanted = False
+        self._shares_due = time.monotonic() + self.balance_seconds
+        self._renew()
+        shares = self._shares(whole=whole)
+        if not shares:
+            return False
+        held = set(self._held)
+        if shares.release:
+            self.connection.execute(
+                self.statements.release,
+                self._lease_params(names=[f"slice {n}" for n in shares.release]),
+            )
+            held.difference_update(shares.release)
+        if shares.take:
+            if whole:
+                with contextlib.suppress(_Partial), self.connection.transaction():
+                    taken = self._take("slice", shares.take)
+                    if len(held) + len(taken) < SLICES:
+                        raise _Partial  # another relay took some first: none, then
+                    held.update(taken)
+            else:
+                held.update(self._take("slice", shares.take))
+        changed = frozenset(held) != self._held
+        self._held = frozenset(held)
+        return changed
 
     def check_lease(self) -> None:
         """Before sending: LeaseLost when the lease may have run out (no renewal in time)."""
@@ -188,10 +301,16 @@ class RelayDatabase:
                 "(database unreachable?): this relay stops sending"
             )
 
-    def release_lease(self) -> None:
-        """On a clean stop: let a standby lead at once."""
-        self.connection.execute(self.statements.release_lease, (self.holder,))
+    def release_leases(self) -> None:
+        """On a clean stop: hand every slice back, so that the other relays take them at once."""
+        names = [f"slice {n}" for n in self._held]
+        if self._member is not None:
+            names.append(f"member {self._member}")
+        self._held = frozenset()
+        self._member = None
         self._lease_deadline = 0.0
+        if names:
+            self.connection.execute(self.statements.release, self._lease_params(names=names))
 
     def last_position(self) -> int:
         row = self.connection.execute(self.statements.last_position).fetchone()
@@ -216,17 +335,27 @@ class RelayDatabase:
         excluding: Sequence[tuple[str, bytes]] = (),
         in_flight: Sequence[int] = (),
     ) -> list[OutboxRow]:
-        """Rows above ``floor`` in position order, not those of the ``excluding`` aggregates
+        """Rows of this relay's slices above ``floor`` in position order, not those of the
+        ``excluding`` aggregates
         (``(aggregate type, key)`` pairs) nor those at the positions ``in_flight`` (a batch
         being sent: still in the table, not to be read again)."""
         cursor = self.connection.cursor(binary=True)
+        every = len(self._held) == SLICES
+        statements = self.statements
+        params: list[object] = [floor]
         if excluding or in_flight:
-            types = [aggregate_type for aggregate_type, _ in excluding]
-            ids = [key.decode() for _, key in excluding]
-            positions = ",".join(map(str, in_flight))
-            cursor.execute(self.statements.read_excluding, (floor, positions, types, ids, limit))
+            statement = statements.read_excluding if every else statements.read_excluding_in_slices
+            params += (
+                ",".join(map(str, in_flight)),
+                [aggregate_type for aggregate_type, _ in excluding],
+                [key.decode() for _, key in excluding],
+            )
         else:
-            cursor.execute(self.statements.read, (floor, limit))
+            statement = statements.read if every else statements.read_in_slices
+        if not every:
+            params.append(sorted(self._held))
+        params.append(limit)
+        cursor.execute(statement, params)
         # tuple.__new__ over the fetched tuples: each row becomes an OutboxRow without a call
         # into Python code (OutboxRow._make would run one per row).
         return list(map(tuple.__new__, repeat(OutboxRow), cursor.fetchall()))

@@ -175,7 +175,20 @@ class RelayMetrics:
             registry=r,
         )
         self.leader = Gauge(
-            "outbox_relay_leader", "1 while this replica holds the leader lock.", registry=r
+            "outbox_relay_leader",
+            "1 while this replica publishes some slices of the outbox (leads them).",
+            registry=r,
+        )
+        self.slices = Gauge(
+            "outbox_relay_slices",
+            "How many of the outbox's 32 slices this replica publishes (the replicas share "
+            'them: docs/operations.md, "Several relays").',
+            registry=r,
+        )
+        self.rebalances = Counter(
+            "outbox_relay_rebalances",
+            "Times this replica's slices changed: a replica joined, ended or handed some back.",
+            registry=r,
         )
         self.publishing = Gauge(
             "outbox_relay_publishing",
@@ -185,8 +198,8 @@ class RelayMetrics:
         )
         self.leases_lost = Counter(
             "outbox_relay_leases_lost",
-            "Times this replica stopped leading: another took the lease, or it could not "
-            "renew it in time.",
+            "Times this replica stopped publishing: another took one of its slices, or it "
+            "could not renew its leases in time.",
             registry=r,
         )
         self.takeovers = Counter(

@@ -1,13 +1,16 @@
 """The relay's loop: lead, read, publish, delete; in auto mode, only when CDC does not.
 
-One leader at a time per outbox table (a lease in PostgreSQL, renewed by the leader's
-session, which does all the work: relay/outbox_relay/database.py); other replicas wait and take over
-within ``leader_retry_seconds`` of the leader's session ending (crash, kill), or within
-``lease_seconds + leader_retry_seconds`` of its last renewal when the leader is cut off
-(network loss, a frozen process): the leader itself stops sending before its lease ends.
-Ordering per aggregate needs a single reader in position order, hence a leader rather than
-shards: one relay already publishes faster than one Debezium task (see the
-benchmark), and a standby costs nothing but a connection.
+Replicas share the work in polling mode: the outbox's aggregates fall into 32 slices, and
+each replica publishes the slices whose leases it holds, a fair share of them
+(relay/outbox_relay/slices.py; the leases live in PostgreSQL, renewed by each replica's
+session, which does all its work: relay/outbox_relay/database.py). Ordering per aggregate
+needs one reader in position order per aggregate: one replica per slice. A replica that
+joins gets its share within ``leader_retry_seconds`` (the others hand theirs back between
+batches); the slices of one that ends are taken within ``leader_retry_seconds`` of its
+session ending (crash, kill), or within ``lease_seconds + leader_retry_seconds`` of its last
+renewal when it is cut off (network loss, a frozen process): it stops sending before its
+leases end. In auto and cleanup modes one replica holds every slice (it follows CDC's one
+stream) and the others stand by.
 
 Faults: a database error drops the session (and leadership) and reconnects with backoff,
 except a connection refused over TLS (:class:`~outbox.core.errors.DatabaseTlsError`: a
@@ -16,7 +19,7 @@ a batch the broker did not acknowledge at all is published again (same event ids
 pause that doubles up to ``max_backoff_seconds``; a record the broker refuses for good becomes
 a dead letter; a record refused for a reason that can pass stays, and only its aggregate
 waits (relay/outbox_relay/parking.py) while the others go on. ``stop`` (SIGTERM) lets the batch in
-flight finish: published, then deleted, and hands the lease back.
+flight finish: published, then deleted, and hands the slices back.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from outbox_relay.metrics import RelayMetrics
 from outbox_relay.producer import BatchOutcome
 from outbox_relay.sender import Aggregate, BatchNotAcknowledged, Sender
 from outbox_relay.settings import RelayMode, RelaySettings
+from outbox_relay.slices import SLICES, describe
 
 __all__ = ["Relay"]
 
@@ -101,7 +105,12 @@ class Relay:
         self.metrics = metrics if metrics is not None else RelayMetrics()
         self.liveness = liveness or Liveness(settings.delivery_timeout_seconds + 30)
         self._kafka = kafka_settings(kafka)
-        self._database = RelayDatabase(database_url, tables, settings.lease_seconds)
+        self._database = RelayDatabase(
+            database_url,
+            tables,
+            settings.lease_seconds,
+            balance_seconds=settings.leader_retry_seconds,
+        )
         self._tables = tables
         self._checked = False
         self._horizon = Horizon()
@@ -151,9 +160,8 @@ class Relay:
                 except (KafkaError, BrokerError, BatchNotAcknowledged) as error:
                     self._fault("broker", error, stop)
         finally:
-            if self._leading:
-                with contextlib.suppress(psycopg.Error):
-                    self._database.release_lease()  # a standby leads at once
+            with contextlib.suppress(psycopg.Error):
+                self._database.release_leases()  # the other replicas take them at once
             self._step_down()
             self.liveness.state = "stopped"
             log.info("relay stopped")
@@ -164,30 +172,56 @@ class Relay:
         if not self._checked:  # once: a broken assumption stops the relay (not retried)
             check_database(self._database.connection, self._tables, self.settings.mode)
             self._checked = True
+        self._database.join()
         self.liveness.ready = True
-        while not self._database.try_lead():
-            self.liveness.state = "standby: another replica leads"
-            self.liveness.beat()
-            if stop.wait(self.settings.leader_retry_seconds):
-                return
-        log.info("leader: this replica relays the outbox now")
-        self._leading = True
-        self.metrics.leader.set(1)
-        self._horizon.reset()
-        self._sender.reset()
-        if self.settings.mode is RelayMode.POLLING:
-            self.liveness.state = "leader: publishing (polling mode)"
-            self.metrics.publishing.set(1)
-            self._relay_polling(stop)
-            return
+        whole = self.settings.mode is not RelayMode.POLLING
         while not stop.is_set():
             self.liveness.beat()
-            self._database.renew_if_due()
-            busy = self._step_auto()
-            self._backoff = self.settings.retry_backoff_seconds
-            self._report_backlog()
-            if not busy:
-                stop.wait(self.settings.idle_seconds)
+            changed = self._database.balance(whole=whole)
+            if changed or self._leading != bool(self._database.slices):
+                self._take_slices()
+            if not self._database.slices:
+                self.liveness.state = "standby: other replicas publish every slice"
+                if stop.wait(self.settings.leader_retry_seconds):
+                    return
+                continue
+            if self.settings.mode is RelayMode.POLLING:
+                self.liveness.state = "leader: publishing (polling mode)"
+                self.metrics.publishing.set(1)
+                self._relay_polling(stop)
+                continue
+            while not stop.is_set() and not self._database.rebalance_wanted:
+                self.liveness.beat()
+                self._database.renew_if_due()
+                busy = self._step_auto()
+                self._backoff = self.settings.retry_backoff_seconds
+                self._report_backlog()
+                if not busy:
+                    stop.wait(self.settings.idle_seconds)
+
+    def _take_slices(self) -> None:
+        """The slices held changed (or this relay starts): the read floor starts again, no
+        aggregate waits; nothing is in flight (the loop calls it between batches)."""
+        slices = self._database.slices
+        self.metrics.slices.set(len(slices))
+        self.metrics.rebalances.inc()
+        self._horizon.reset()
+        self._sender.reset()
+        if not slices:
+            if self._leading:
+                log.info("no slice left to this replica: it stands by")
+            self._leading = False
+            self.metrics.leader.set(0)
+            self.metrics.publishing.set(0)
+            return
+        log.info(
+            "this replica publishes slices %s (%d of %d)",
+            describe(slices),
+            len(slices),
+            SLICES,
+        )
+        self._leading = True
+        self.metrics.leader.set(1)
 
     # -- polling mode: a pipeline ------------------------------------------------------------
 
@@ -206,7 +240,7 @@ class Relay:
             read = self._database_cycle(None, ())
             # The aggregates refused by the batch that was in flight while `read` was read.
             refused_while_read: frozenset[Aggregate] = frozenset()
-            while not stop.is_set():
+            while not stop.is_set() and not self._database.rebalance_wanted:
                 self.liveness.beat()
                 rows = self._sender.admit(read.rows, refused_while_read=refused_while_read)
                 if not rows:
@@ -231,7 +265,7 @@ class Relay:
                 acked = _InFlight(rows, outcome, read.candidate)
                 self._backoff = self.settings.retry_backoff_seconds
                 read, refused_while_read = following, outcome.retry_aggregates
-            if acked is not None:  # stopping: the acknowledged batch leaves the table first
+            if acked is not None:  # stopping or rebalancing: the acknowledged batch leaves first
                 self._finish(acked)
 
     def _database_cycle(self, acked: _InFlight | None, in_flight: Sequence[int]) -> _Read:
@@ -285,6 +319,7 @@ class Relay:
         """Drop the session (and with it leadership), the producer and the CDC watch."""
         was_leader, self._leading = self._leading, False
         self.metrics.leader.set(0)
+        self.metrics.slices.set(0)
         self.liveness.ready = False
         self._database.close()
         self._sender.close()

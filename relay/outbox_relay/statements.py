@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from outbox.core.tables import OutboxTables
+from outbox_relay.slices import MEMBERS, SLICES
 
 __all__ = ["RelayStatements"]
 
@@ -20,6 +21,28 @@ _ROW_COLUMNS = (
 )
 _STORED_COLUMNS = "id, aggregatetype, aggregateid, type, payload, headers, traceparent, position"
 _SKIP_IN_FLIGHT = " AND position NOT IN (SELECT unnest(string_to_array(%s, ',')::bigint[]))"
+_IN_SLICES = (
+    f" AND (hashtextextended(aggregatetype || ':' || aggregateid, 0) & {SLICES - 1}) "
+    "= ANY(%s::int[])"
+)
+"""The rows of some slices (relay/outbox_relay/slices.py): a hash of the aggregate, computed
+by the server. ``:`` never occurs in an aggregate type, so no two aggregates hash alike by
+being written alike; ``& (SLICES - 1)`` keeps the low bits of a signed hash."""
+_ALIVE = (
+    "alive AS MATERIALIZED (SELECT pid, (classid::bigint << 32) | objid::bigint AS marker "
+    "FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1)"
+)
+"""The sessions' marker locks (:attr:`RelayStatements.session_marker`), read once a statement."""
+
+
+def _live(lease: str) -> str:
+    """The lease row ``lease`` is held: not expired, and its holder's session still runs."""
+    return (
+        f"({lease}.expires_at > clock_timestamp() AND EXISTS (SELECT 1 FROM alive a "
+        f"WHERE a.pid = {lease}.pid AND a.marker = {lease}.marker))"
+    )
+
+
 _SKIP_WAITING = (
     " AND (aggregatetype, aggregateid) NOT IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
 )
@@ -33,41 +56,83 @@ class RelayStatements:
     def session_marker(self) -> str:
         """Take this session's marker lock (``%s``: a random bigint key, unknown to others).
 
-        It proves the session alive to a standby (``pg_locks``): when the session ends, the
-        lock goes, and a standby may take the lease at once instead of waiting it out.
+        It proves the session alive to the other relays (``pg_locks``): when the session
+        ends, the lock goes, and its leases may be taken at once instead of waited out.
         """
         return "SELECT pg_try_advisory_lock(%s)"
 
     @property
-    def take_lease(self) -> str:
-        """Lead (or go on leading): returns the lease's epoch, or no row when another leads.
-
-        ``%(holder)s``: this relay's id, ``%(key)s``: its session marker, ``%(seconds)s``:
-        the lease's length. Taken when free, expired, held by this relay already, or held
-        by a session that ended (its marker lock is gone). Only the relay role may write the
-        lease table: no other role can take or freeze leadership.
-        """
-        lease = self.tables.qualified_relay_lease
+    def lease_rows(self) -> str:
+        """Every slice's and member's lease row, free, unless there already
+        (relay/outbox_relay/slices.py)."""
         return (
-            f"INSERT INTO {lease} AS l (name, holder, pid, marker, epoch, expires_at) "
-            "VALUES ('leader', %(holder)s::uuid, pg_backend_pid(), %(key)s, 1, "
-            "clock_timestamp() + %(seconds)s * interval '1 second') "
-            "ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, pid = EXCLUDED.pid, "
-            "marker = EXCLUDED.marker, expires_at = EXCLUDED.expires_at, "
-            "epoch = l.epoch + CASE WHEN l.holder = EXCLUDED.holder THEN 0 ELSE 1 END "
-            "WHERE l.holder = EXCLUDED.holder OR l.expires_at < clock_timestamp() "
-            "OR NOT EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' "
-            "AND k.granted AND k.pid = l.pid AND k.objsubid = 1 "
-            "AND ((k.classid::bigint << 32) | k.objid::bigint) = l.marker) "
-            "RETURNING epoch"
+            f"INSERT INTO {self.tables.qualified_relay_lease} "
+            "(name, holder, pid, marker, epoch, expires_at) "
+            "SELECT kind || ' ' || n, '00000000-0000-0000-0000-000000000000', 0, 0, 0, "
+            f"'-infinity' FROM (VALUES ('slice', {SLICES}), ('member', {MEMBERS})) "
+            "k (kind, count), generate_series(0, k.count - 1) n ON CONFLICT (name) DO NOTHING"
         )
 
     @property
-    def release_lease(self) -> str:
-        """Hand leadership back at once (a clean stop): ``%s`` is this relay's id."""
+    def take(self) -> str:
+        """Take up to ``%(count)s`` free leases of one kind (``%(kind)s``: ``slice`` or
+        ``member``), lowest numbers first; returns their names.
+
+        ``%(holder)s``: this relay's id, ``%(key)s``: its session marker, ``%(seconds)s``:
+        the lease's length. A lease is free when it expired or its holder's session ended
+        (its marker lock is gone); none is while a relay of an earlier version leads (a live
+        ``leader`` row, outbox_0011). Rows another relay is taking are skipped, not waited
+        for. Only the relay role may write the lease table: no other role can take or
+        freeze the work.
+        """
+        lease = self.tables.qualified_relay_lease
+        return (
+            f"WITH {_ALIVE}, free AS (SELECT l.name FROM {lease} l "
+            "WHERE starts_with(l.name, %(kind)s || ' ') AND NOT " + _live("l") + " "
+            f"AND NOT EXISTS (SELECT 1 FROM {lease} o WHERE o.name = 'leader' AND "
+            + _live("o")
+            + ") ORDER BY split_part(l.name, ' ', 2)::int LIMIT %(count)s "
+            "FOR UPDATE OF l SKIP LOCKED) "
+            f"UPDATE {lease} l SET holder = %(holder)s::uuid, pid = pg_backend_pid(), "
+            "marker = %(key)s, epoch = l.epoch + 1, "
+            "expires_at = clock_timestamp() + %(seconds)s * interval '1 second' "
+            "FROM free WHERE l.name = free.name RETURNING l.name"
+        )
+
+    @property
+    def renew(self) -> str:
+        """Extend every lease this session holds (``%(holder)s``, ``%(key)s``, ``%(seconds)s``
+        as :attr:`take`); returns their names: one missing was taken by another relay."""
+        return (
+            f"UPDATE {self.tables.qualified_relay_lease} "
+            "SET expires_at = clock_timestamp() + %(seconds)s * interval '1 second' "
+            "WHERE holder = %(holder)s::uuid AND pid = pg_backend_pid() AND marker = %(key)s "
+            "AND name <> 'leader' AND expires_at > clock_timestamp() RETURNING name"
+        )
+
+    @property
+    def shares(self) -> str:
+        """The live members' ids and how many slices are free (as :attr:`take` counts them)."""
+        lease = self.tables.qualified_relay_lease
+        return (
+            f"WITH {_ALIVE} SELECT "
+            f"ARRAY(SELECT l.holder FROM {lease} l WHERE starts_with(l.name, 'member ') AND "
+            + _live("l")
+            + f"), (SELECT count(*) FROM {lease} l WHERE starts_with(l.name, 'slice ') "
+            "AND NOT "
+            + _live("l")
+            + f" AND NOT EXISTS (SELECT 1 FROM {lease} o WHERE o.name = 'leader' AND "
+            + _live("o")
+            + "))"
+        )
+
+    @property
+    def release(self) -> str:
+        """Hand back this session's leases named in ``%(names)s`` (a text array), at once."""
         return (
             f"UPDATE {self.tables.qualified_relay_lease} SET expires_at = '-infinity' "
-            "WHERE name = 'leader' AND holder = %s::uuid"
+            "WHERE name = ANY(%(names)s::text[]) AND holder = %(holder)s::uuid "
+            "AND pid = pg_backend_pid()"
         )
 
     @property
@@ -121,6 +186,16 @@ class RelayStatements:
         while the next is read, are neither converted, sent nor turned into Python objects.
         """
         return self._read(_SKIP_IN_FLIGHT + _SKIP_WAITING)
+
+    @property
+    def read_in_slices(self) -> str:
+        """:attr:`read` of some slices only (``%s`` before the limit: their numbers, int[])."""
+        return self._read(_IN_SLICES)
+
+    @property
+    def read_excluding_in_slices(self) -> str:
+        """:attr:`read_excluding` of some slices only (as :attr:`read_in_slices`)."""
+        return self._read(_SKIP_IN_FLIGHT + _SKIP_WAITING + _IN_SLICES)
 
     @property
     def delete(self) -> str:

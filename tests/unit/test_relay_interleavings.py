@@ -228,6 +228,9 @@ class ModelDatabase:
     and between a delete and the floor it allows); the horizon's statements touch nothing
     the other thread changes, so one point before them is enough."""
 
+    rebalance_wanted = False
+    """Every slice stays with the one relay (relays sharing slices: test_relay_slices.py)."""
+
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         self._model = scheduler.model

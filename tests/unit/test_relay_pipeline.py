@@ -86,6 +86,8 @@ class Scenario:
 class TableDatabase:
     """``RelayDatabase`` over an in-memory table whose rows all committed (all final)."""
 
+    rebalance_wanted = False
+
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
         self._xid = 1000
