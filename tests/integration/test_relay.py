@@ -6,8 +6,6 @@ checked for both paths by tests/integration/test_contract.py."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -193,70 +191,6 @@ def test_sigterm_drains_the_batch_and_exits_0_with_health_probes(relay_bench: Re
     )
     assert len(set(ids_of(records))) == len(expected) - left
     assert ids_of(records) == expected[: len(records)]
-
-
-def test_a_standby_takes_over_and_order_holds_with_two_relays(relay_bench: RelayBench) -> None:
-    """Two relays over 10,000 events for 50 aggregates written while they run; the leader is
-    killed mid-run: the standby leads within 10 s, and per-aggregate order equals commit order."""
-    aggregate_type = fresh_type()
-    relays = [relay_bench.process(OUTBOX_RELAY_BATCH_SIZE="500") for _ in range(2)]
-    wait_until(
-        lambda: sum(r.metric("outbox_relay_leader") for r in relays) == 1,
-        timeout=60,
-        what="one leader",
-    )
-    counters = [0] * 50
-
-    def writer(number: int) -> None:
-        """Writer ``number`` owns the aggregates ``a % 4 == number``: its commit order is
-        their commit order, numbered by ``n``."""
-        owned = [a for a in range(50) if a % 4 == number]
-        with relay_bench.database.connect() as connection:
-            for batch in range(250):  # 4 writers x 250 commits x 10 events
-                events = []
-                for k in range(10):
-                    aggregate = owned[(batch * 10 + k) % len(owned)]
-                    events.append(
-                        Event(aggregate_type, str(aggregate), "Tick", {"n": counters[aggregate]})
-                    )
-                    counters[aggregate] += 1
-                with connection.transaction():
-                    Outbox().publish_many(connection, events)
-
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    wait_until(
-        lambda: sum(r.metric("outbox_relay_published_total") for r in relays) >= 2000,
-        timeout=60,
-        what="relaying under way",
-    )
-    leader = next(r for r in relays if r.metric("outbox_relay_leader") == 1)
-    standby = next(r for r in relays if r is not leader)
-    leader.kill()
-    killed_at = time.monotonic()
-    wait_until(lambda: standby.metric("outbox_relay_leader") == 1, timeout=10, what="handover")
-    handover = time.monotonic() - killed_at
-    for thread in threads:
-        thread.join(timeout=120)
-    wait_until(lambda: relay_bench.undelivered() == 0, timeout=120, what="outbox drained")
-    records = read_until(
-        relay_bench.kafka.bootstrap_servers,
-        topic_for(aggregate_type),
-        lambda r: len(set(ids_of(r))) >= 10_000,
-        timeout=60,
-    )
-    firsts = first_occurrences(records)
-    assert len(firsts) == 10_000
-    by_aggregate: dict[bytes, list[int]] = defaultdict(list)
-    for record in firsts:
-        by_aggregate[record.key].append(json.loads(record.value)["n"])
-    for key, numbers in by_aggregate.items():
-        assert numbers == list(range(len(numbers))), f"aggregate {key!r} out of order: " + str(
-            [(r.offset, json.loads(r.value)["n"]) for r in records if r.key == key][:40]
-        )
-    assert handover < 10
-    assert standby.terminate() == 0
 
 
 def test_the_relay_runs_with_its_least_privileged_role(relay_bench: RelayBench) -> None:
