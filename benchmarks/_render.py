@@ -365,6 +365,24 @@ def _relay(data: dict[str, Any]) -> str:
         "With a transaction held open all along: "
         f"{_fmt(f.get('relay_held_open_events_per_second'))} events/s; after it ended: "
         f"{_fmt(f.get('relay_after_events_per_second'))} events/s.\n"
+        + _relays(f.get("relays_events_per_second"))
+    )
+
+
+def _relays(figures: dict[str, float] | None) -> str:
+    """Scale-out: relays side by side (processes sharing the slices), each against one."""
+    if not figures:
+        return ""
+    one = figures.get("1")
+    cells = [
+        f"{count} relay{'s' if count != '1' else ''} {_fmt(rate)} events/s"
+        + (f" ({rate / one:.2f}x)" if one and count != "1" else "")
+        for count, rate in figures.items()
+    ]
+    return (
+        "\nScale-out, relay processes sharing the outbox's slices, draining the same events: "
+        + ", ".join(cells)
+        + ".\n"
     )
 
 

@@ -4,6 +4,7 @@ printed side by side."""
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from outbox_stack.local import LocalStack
 __all__ = [
     "broker_name",
     "connect_name",
+    "free_port",
     "fresh_database",
     "paced_writes",
     "percentile",
@@ -62,6 +64,13 @@ def delete_topics(bootstrap: str, topics: list[str]) -> None:
         admin.delete_topics(topics)
     finally:
         admin.close()
+
+
+def free_port() -> int:
+    """A loopback port free now (the operating system's choice)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def percentile(values: list[float], fraction: float) -> float:

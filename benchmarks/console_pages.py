@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -34,19 +33,19 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks._shared import fresh_database, paced_writes, percentile, postgres_and_broker
+from benchmarks._shared import (
+    free_port,
+    fresh_database,
+    paced_writes,
+    percentile,
+    postgres_and_broker,
+)
 from outbox import Event, Outbox, OutboxSettings
 from outbox_relay.health import HealthServer
 from outbox_relay.service import Relay
 from outbox_relay.settings import RelaySettings
 
 DATABASE = "outbox_bench_console"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def ask(url: str) -> tuple[float, float, int]:

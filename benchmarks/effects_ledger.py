@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import sqlalchemy as sa
 
 import outbox_migrations
 from benchmarks._results import Results
+from benchmarks._shared import free_port
 from outbox import Effects
 from outbox.effects import EffectStep
 from outbox_examples.payment_effects import ProviderClient
@@ -31,12 +31,6 @@ from outbox_examples.payment_provider import PaymentProvider
 from outbox_stack import PostgresCluster, StackSettings
 
 DATABASE = "outbox_bench_effects"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def rate(steps: int, work: Callable[[int], object]) -> float:

@@ -39,6 +39,7 @@ from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
 import outbox_migrations
+from benchmarks._shared import free_port
 from outbox.core.contract import headers_for, topic_for
 from outbox_lake.names import typed_table_name
 from outbox_lake.offsets import Partition, Progress
@@ -54,14 +55,6 @@ TYPES = 4
 PARTITIONS = 2
 AGGREGATES = 1000
 CHUNK = 100_000
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def uuid7(ms: int, n: int) -> uuid.UUID:

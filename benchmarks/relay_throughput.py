@@ -11,10 +11,13 @@ Prints, from one run on the native stack (PostgreSQL and the broker; started if 
    throughput: a relay runs for weeks);
 2. the relay's events per second while a transaction stays open the whole time (it holds
    PostgreSQL's xmin: deleted rows cannot be vacuumed and the relay's floor cannot move),
-   and once it has ended.
+   and once it has ended;
+3. scale-out: events per second of 1, 2 and 3 relays side by side (``--relays``), each an
+   ``outbox relay run`` process of its own as ops run them, sharing the outbox's slices,
+   draining the same number of events over 100 aggregates; each ratio to one relay.
 
-    python -m benchmarks.relay_throughput                 # about 2 minutes
-    python -m benchmarks.relay_throughput --events 20000 --rounds 1
+    python -m benchmarks.relay_throughput                 # about 3 minutes
+    python -m benchmarks.relay_throughput --events 20000 --rounds 1 --relays 1,2
 
 The broker is the stack's Apache Kafka (one KRaft node), or the cluster
 ``OUTBOX_KAFKA_BOOTSTRAP_SERVERS`` names.
@@ -25,8 +28,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -34,14 +41,22 @@ import psycopg
 from kafka import KafkaProducer
 
 from benchmarks._results import Results
-from benchmarks._shared import broker_name, fresh_database, postgres_and_broker, stack_names
+from benchmarks._shared import (
+    broker_name,
+    delete_topics,
+    free_port,
+    fresh_database,
+    postgres_and_broker,
+    stack_names,
+)
 from outbox import Event, Outbox, OutboxSettings
-from outbox.core.contract import record_for
+from outbox.core.contract import record_for, topic_for
 from outbox_relay.collector import collect_young_rarely
 from outbox_relay.database import OutboxRow, RelayDatabase
 from outbox_relay.producer import ContractProducer
 from outbox_relay.service import Relay
 from outbox_relay.settings import RelaySettings
+from outbox_relay.slices import SLICES
 from outbox_stack.local import LocalStack
 
 DATABASE = "outbox_bench_relay"
@@ -88,6 +103,8 @@ def relay_rows_of(url: str, aggregate_type: str, topic_suffix: str) -> list[Outb
     database = RelayDatabase(url, OutboxSettings().tables, lease_seconds=10)
     database.connect()
     try:
+        database.join()
+        database.balance()  # every slice: no relay runs
         rows = database.read(0, 10_000_000)
     finally:
         database.close()
@@ -210,6 +227,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Polling relay vs bare producer.")
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--relays", default="1,2,3", help="scale-out: how many relays side by side, each run"
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     arguments = parser.parse_args()
     # The garbage collector's thresholds of `outbox relay run`, for the whole process: the bare
@@ -294,7 +314,108 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> N
         relay_held_open_events_per_second=round(held, 1),
         relay_after_events_per_second=round(after, 1),
     )
+    scale_out(arguments, url, bootstrap, conninfo, results)
     cluster.drop_database(DATABASE)
+
+
+class RelayProcesses:
+    """``count`` relays as ``outbox relay run`` processes (settings in their environment,
+    the database's password never on a command line), their ``/metrics`` on free ports."""
+
+    def __init__(self, count: int, url: str, bootstrap: str) -> None:
+        self.ports = [free_port() for _ in range(count)]
+        self.processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "outbox_cli.main", "relay", "run"],
+                env={
+                    **os.environ,
+                    "OUTBOX_DATABASE_URL": url,
+                    "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+                    "OUTBOX_RELAY_HTTP_PORT": str(port),
+                    "OUTBOX_LOG_LEVEL": "WARNING",
+                },
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for port in self.ports
+        ]
+
+    def metrics(self, name: str) -> list[float]:
+        """One metric of each relay (0 from one that does not answer yet)."""
+        values = []
+        for port in self.ports:
+            value = 0.0
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                text = ""
+            for line in text.splitlines():
+                if line.startswith(name + " "):
+                    value = float(line.rsplit(" ", 1)[1])
+            values.append(value)
+        return values
+
+    def metric(self, name: str) -> float:
+        """The sum of one metric over every relay."""
+        return sum(self.metrics(name))
+
+    def wait_for(self, name: str, value: float, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metric(name) < value:
+            if any(process.poll() is not None for process in self.processes):
+                raise RuntimeError("a relay process ended")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not reach {value:.0f} in {timeout:.0f} s")
+            time.sleep(0.02)  # other processes' counters: no event to await
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def relays_drain(count: int, url: str, bootstrap: str, conninfo: str, events: int) -> float:
+    """Events/s of ``count`` relay processes draining ``events`` committed at once, warm:
+    every relay holds its share of the slices and has published before the clock starts."""
+    aggregate_type = f"x{uuid.uuid4().hex[:8]}"
+    relays = RelayProcesses(count, url, bootstrap)
+    try:
+        deadline = time.monotonic() + 120
+        while sum(shares := relays.metrics("outbox_relay_slices")) < SLICES or min(shares) == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the relays did not share the slices: {shares}")
+            time.sleep(0.05)  # other processes' state: no event to await
+        fill(conninfo, aggregate_type, 1000)  # 100 aggregates: every relay publishes some
+        relays.wait_for("outbox_relay_published_total", 1000, 120)
+        fill(conninfo, aggregate_type, events, per_transaction=events)
+        started = time.monotonic()
+        relays.wait_for("outbox_relay_published_total", 1000 + events, 600)
+        return events / (time.monotonic() - started)
+    finally:
+        relays.stop()
+        delete_topics(bootstrap, [topic_for(aggregate_type)])
+
+
+def scale_out(
+    arguments: argparse.Namespace, url: str, bootstrap: str, conninfo: str, results: Results
+) -> None:
+    counts = [int(n) for n in arguments.relays.split(",") if n.strip()]
+    figures = {
+        count: relays_drain(count, url, bootstrap, conninfo, arguments.events) for count in counts
+    }
+    one = figures.get(1)
+    for count, rate in figures.items():
+        ratio = f"  ({rate / one:.2f}x one relay)" if one else ""
+        print(f"{count} relay process(es), shared : {rate:>9,.0f} events/s{ratio}")
+    results.figures["relays_events_per_second"] = {
+        str(count): round(rate, 1) for count, rate in figures.items()
+    }
 
 
 if __name__ == "__main__":

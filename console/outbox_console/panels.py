@@ -201,6 +201,9 @@ class RelayView:
     """What ``/readyz`` said (``ok: leader: publishing (polling mode)``), or why no answer."""
     mode: str | None = None
     leader: bool = False
+    """It publishes some slices of the outbox (several replicas do in polling mode)."""
+    slices: float | None = None
+    """How many of the 32 slices it publishes (None: a relay from before slices)."""
     publishing: bool = False
     undelivered: float | None = None
     oldest_age_seconds: float | None = None
@@ -234,6 +237,7 @@ def read_relay(url: str, timeout_seconds: float) -> RelayView:
         said,
         mode=mode,
         leader=_value(samples, "outbox_relay_leader") == 1,
+        slices=_value(samples, "outbox_relay_slices"),
         publishing=_value(samples, "outbox_relay_publishing") == 1,
         undelivered=_value(samples, "outbox_relay_undelivered_rows"),
         oldest_age_seconds=_value(samples, "outbox_relay_oldest_undelivered_age_seconds"),
@@ -243,15 +247,21 @@ def read_relay(url: str, timeout_seconds: float) -> RelayView:
 
 
 def relay_panel(pipeline: Pipeline) -> Panel:
-    views = [
-        read_relay(url, pipeline.console.answer_seconds) for url in pipeline.console.relay_urls
-    ]
+    return relays_panel(
+        [read_relay(url, pipeline.console.answer_seconds) for url in pipeline.console.relay_urls]
+    )
+
+
+def relays_panel(views: list[RelayView]) -> Panel:
+    """The relay panel from what each replica said."""
     facts = []
     for view in views:
         if not view.answered:
             facts.append(Fact(view.url, view.said, DOWN))
             continue
-        role = "leader" if view.leader else "standby"
+        role = "standby"
+        if view.leader:
+            role = "leader" if view.slices is None else f"leads {view.slices:.0f} slices"
         what = "publishing" if view.publishing else "not publishing"
         tone = OK if view.ready else WARN
         facts.append(Fact(view.url, f"{role}, {what}, {view.mode} mode: {view.said}", tone))
@@ -271,8 +281,14 @@ def relay_panel(pipeline: Pipeline) -> Panel:
         return Panel("Relay", DOWN, "no relay answers", facts, detail=views)
     if leader is None:
         return Panel("Relay", WARN, "no replica leads", facts, detail=views)
-    summary = f"leader {leader.url}: {'publishing' if leader.publishing else 'standing by'}"
-    return Panel("Relay", OK if leader.ready else WARN, summary, facts, detail=views)
+    leaders = [view for view in answering if view.leader]
+    if len(leaders) > 1:
+        shares = " + ".join(f"{view.slices or 0:.0f}" for view in leaders)
+        summary = f"{len(leaders)} replicas share the slices ({shares})"
+    else:
+        summary = f"leader {leader.url}: {'publishing' if leader.publishing else 'standing by'}"
+    ready = all(view.ready for view in leaders)
+    return Panel("Relay", OK if ready else WARN, summary, facts, detail=views)
 
 
 def delivery_path(connect: ConnectStatus | None, relays: list[RelayView] | None) -> Fact:

@@ -1,10 +1,11 @@
-"""The relay's PostgreSQL side: one session that holds leadership and does all the work.
+"""The relay's PostgreSQL side: one session that holds its leases and does all its work.
 
-Leadership is a *lease* (a row only the relay role may write): the leader renews it every
-third of ``lease_seconds``; a standby takes it once it expired, or at once when the
-holder's session ended (its random marker lock left ``pg_locks``). The leader stops sending
-when its own, monotonic clock says the lease may have run out (the deadline counts from
-*before* the renewal was sent, so it always ends before the database's expiry).
+The relay publishes the slices of the outbox whose *leases* it holds (rows only the relay
+role may write; relay/outbox_relay/slices.py says how relays share them). It renews them
+every third of ``lease_seconds``; another relay takes one once it expired, or at once when
+the holder's session ended (its random marker lock left ``pg_locks``). A relay stops
+sending when its own, monotonic clock says its leases may have run out (the deadline counts
+from *before* the renewal was sent, so it always ends before the database's expiry).
 
 A connection refused over TLS (an untrusted certificate, a host name not in it) raises
 :class:`~outbox.core.errors.DatabaseTlsError`, which the relay does not retry: it stops with

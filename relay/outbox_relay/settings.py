@@ -67,11 +67,13 @@ class RelaySettings(BaseSettings):
     """Auto mode: how long a hanging transaction's producer must have been silent before the
     relay aborts it (a margin for a coordinator that is just recording a new partition)."""
     leader_retry_seconds: float = Field(default=1.0, gt=0, le=60)
-    """How often a standby replica tries to become leader."""
+    """How often a replica looks whether the replicas' shares of the outbox's slices changed
+    (one joined or ended) and a standby tries to take slices."""
     lease_seconds: float = Field(default=10.0, ge=2, le=600)
-    """How long leadership lasts without renewal (the leader renews every third): a leader
-    cut off from PostgreSQL is replaced within this plus the retry interval (11 s by
-    default); a killed one within the retry interval."""
+    """How long a replica's leases on its slices last without renewal (it renews them every
+    third): the slices of a replica cut off from PostgreSQL are taken by the others within
+    this plus the retry interval (11 s by default); a killed one's within the retry
+    interval."""
     http_host: str = "127.0.0.1"
     """Address of `/healthz`, `/readyz` and `/metrics` (the image listens on `0.0.0.0`)."""
     http_port: int = Field(default=8090, ge=0, le=65535)

@@ -25,6 +25,7 @@ from outbox_console.panels import (
     RelayView,
     delivery_path,
     reconcile_panel,
+    relays_panel,
 )
 from outbox_console.watch import Watch
 from outbox_lake.settings import LakeSettings
@@ -52,6 +53,24 @@ def test_the_delivery_path_is_cdc_or_the_relay_and_says_why() -> None:
     assert nothing.tone == DOWN
     leaderless = delivery_path(connect("RUNNING"), [relay(leader=False)])
     assert "no relay leads" in leaderless.value
+
+
+def test_replicas_that_share_the_slices_show_each_share() -> None:
+    views = [
+        RelayView(f"http://r{n}", True, True, "ok", mode="polling", leader=True, slices=share)
+        for n, share in enumerate((11, 11, 10))
+    ]
+    panel = relays_panel([*views, RelayView("http://r3", True, True, "ok", mode="polling")])
+    assert panel.state == OK
+    assert panel.summary == "3 replicas share the slices (11 + 11 + 10)"
+    assert [fact.value.split(",")[0] for fact in panel.facts[:4]] == [
+        "leads 11 slices",
+        "leads 11 slices",
+        "leads 10 slices",
+        "standby",
+    ]
+    views[1] = RelayView("http://r1", True, False, "retrying", mode="polling", leader=True)
+    assert relays_panel(views).state == WARN, "one that leads is not ready"
 
 
 def test_a_read_that_fails_shows_down_with_the_reason() -> None:
