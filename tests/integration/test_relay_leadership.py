@@ -1,8 +1,8 @@
-"""Leadership under network faults, and auto mode when CDC never produced anything.
+"""Leases under network faults, and auto mode when CDC never produced anything.
 
-The leader talks to PostgreSQL through a TCP proxy (tests/fix_proxy.py) that the test
-freezes: the leader's session stays open on the server (no reset reaches it), as on a
-network that silently drops packets. The standby, connected directly, must lead within
+One relay talks to PostgreSQL through a TCP proxy (tests/fix_proxy.py) that the test
+freezes: its session stays open on the server (no reset reaches it), as on a network that
+silently drops packets. The other relay, connected directly, must hold its slices within
 ``lease_seconds + leader_retry_seconds`` (docs/operations.md) and deliver everything in
 per-aggregate order.
 """
@@ -22,6 +22,7 @@ from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
 from outbox_relay.health import HealthServer
 from outbox_relay.service import Relay
+from outbox_relay.slices import SLICES
 from outbox_stack.broker import KafkaBroker
 from outbox_stack.settings import StackSettings
 from tests.fix_postgres import ROOT, free_port
@@ -41,9 +42,12 @@ def sample(relay: Relay, name: str, **labels: str) -> float:
     return relay.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def test_a_standby_leads_within_the_lease_when_the_leader_is_cut_off(
+def test_a_relay_cut_off_loses_its_slices_within_the_lease_and_shares_again_after(
     relay_bench: RelayBench, tcp_proxy: Callable[[str, int], TcpProxy]
 ) -> None:
+    """Two relays share the slices; one reaches PostgreSQL through a proxy that is frozen
+    under load: the other holds every slice within the lease and delivers the rest; when the
+    network returns, the cut-off relay joins again and they share once more."""
     cluster = relay_bench.database.cluster
     proxy = tcp_proxy("127.0.0.1", cluster.port)
     via_proxy = relay_bench.database.url.replace(f":{cluster.port}/", f":{proxy.port}/")
@@ -52,25 +56,28 @@ def test_a_standby_leads_within_the_lease_when_the_leader_is_cut_off(
     writer = Writer(
         relay_bench.database.conninfo, f"n{uuid.uuid4().hex[:10]}", batches=300, pace_seconds=0.02
     )
-    with relay_bench.in_thread(database_url=via_proxy, batch_size=50, **timing) as leader:
-        wait_until(lambda: sample(leader, "outbox_relay_leader") == 1, timeout=30, what="leads")
-        with relay_bench.in_thread(batch_size=50, **timing) as standby:
-            wait_until(
-                lambda: standby.liveness.state.startswith("standby"), timeout=30, what="standby"
-            )
+
+    def shares(*relays: Relay) -> list[float]:
+        return [sample(relay, "outbox_relay_slices") for relay in relays]
+
+    with relay_bench.in_thread(database_url=via_proxy, batch_size=50, **timing) as cut:
+        wait_until(lambda: shares(cut) == [SLICES], timeout=30, what="the first relay leads")
+        with relay_bench.in_thread(batch_size=50, **timing) as other:
+            wait_until(lambda: shares(cut, other) == [16, 16], timeout=30, what="they share")
             writer.start()
             writer.wait_for(60)
             wait_until(
-                lambda: sample(leader, "outbox_relay_published_total") > 100,
+                lambda: sample(cut, "outbox_relay_published_total") > 50,
                 timeout=30,
-                what="the leader publishes",
+                what="the relay to cut off publishes",
             )
             proxy.freeze()
             cut_at = time.monotonic()
+            published_at_cut = sample(other, "outbox_relay_published_total")
             wait_until(
-                lambda: sample(standby, "outbox_relay_leader") == 1,
+                lambda: shares(other) == [SLICES],
                 timeout=LEASE_SECONDS + RETRY_SECONDS + 10,
-                what="the standby leads",
+                what="the other relay holds every slice",
             )
             handover = time.monotonic() - cut_at
             with relay_bench.database.connect() as connection:
@@ -78,19 +85,15 @@ def test_a_standby_leads_within_the_lease_when_the_leader_is_cut_off(
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
                     "'outbox-relay' AND datname = current_database()"
                 ).fetchone()
-            assert row is not None and row[0] >= 2, "the cut-off leader's session is gone"
+            assert row is not None and row[0] >= 2, "the cut-off relay's session is gone"
             writer.join(timeout=120)
             wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="drained")
-            assert sample(standby, "outbox_relay_published_total") > 0
-            proxy.drop()  # the network comes back broken: the old leader errs and stands by
+            assert sample(other, "outbox_relay_published_total") > published_at_cut
+            proxy.drop()  # the network comes back broken: the cut-off relay errs, joins again
             proxy.restore()
-            wait_until(
-                lambda: leader.liveness.state.startswith("standby"),
-                timeout=60,
-                what="the old leader stands by",
-            )
-            lost = sample(leader, "outbox_relay_leases_lost_total")
-            assert lost + sample(leader, "outbox_relay_errors_total", kind="database") >= 1
+            wait_until(lambda: shares(cut, other) == [16, 16], timeout=60, what="they share again")
+            lost = sample(cut, "outbox_relay_leases_lost_total")
+            assert lost + sample(cut, "outbox_relay_errors_total", kind="database") >= 1
     assert handover < LEASE_SECONDS + RETRY_SECONDS + 2, f"handover took {handover:.1f} s"
     check_delivery(relay_bench, writer)
 
