@@ -40,6 +40,7 @@ from typing import Any
 import psycopg
 from kafka import KafkaProducer
 
+from benchmarks._probes import CpuMeter
 from benchmarks._results import Results
 from benchmarks._shared import (
     broker_name,
@@ -314,7 +315,7 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> N
         relay_held_open_events_per_second=round(held, 1),
         relay_after_events_per_second=round(after, 1),
     )
-    scale_out(arguments, url, bootstrap, conninfo, results)
+    scale_out(arguments, stack, url, conninfo, results)
     cluster.drop_database(DATABASE)
 
 
@@ -380,9 +381,13 @@ class RelayProcesses:
                 process.wait(timeout=10)
 
 
-def relays_drain(count: int, url: str, bootstrap: str, conninfo: str, events: int) -> float:
+def relays_drain(
+    count: int, stack: LocalStack, url: str, conninfo: str, events: int
+) -> tuple[float, dict[str, float]]:
     """Events/s of ``count`` relay processes draining ``events`` committed at once, warm:
-    every relay holds its share of the slices and has published before the clock starts."""
+    every relay holds its share of the slices and has published before the clock starts;
+    and the cores each part used meanwhile (the relays together, PostgreSQL, the broker)."""
+    bootstrap = stack.bootstrap_servers
     aggregate_type = f"x{uuid.uuid4().hex[:8]}"
     relays = RelayProcesses(count, url, bootstrap)
     try:
@@ -394,28 +399,46 @@ def relays_drain(count: int, url: str, bootstrap: str, conninfo: str, events: in
         fill(conninfo, aggregate_type, 1000)  # 100 aggregates: every relay publishes some
         relays.wait_for("outbox_relay_published_total", 1000, 120)
         fill(conninfo, aggregate_type, events, per_transaction=events)
+        meters = [
+            CpuMeter({f"relay {n}": p.pid for n, p in enumerate(relays.processes)}),
+            CpuMeter(_servers(stack)),
+        ]
+        for meter in meters:
+            meter.start()
         started = time.monotonic()
         relays.wait_for("outbox_relay_published_total", 1000 + events, 600)
-        return events / (time.monotonic() - started)
+        rate = events / (time.monotonic() - started)
+        cores = {**meters[1].stop(), "relays": round(sum(meters[0].stop().values()), 2)}
+        return rate, cores
     finally:
         relays.stop()
         delete_topics(bootstrap, [topic_for(aggregate_type)])
 
 
+def _servers(stack: LocalStack) -> dict[str, int]:
+    """PostgreSQL's postmaster (its backends are its children) and the broker's JVM."""
+    pids = {"postgres": stack.postgres.pid()}
+    if stack.broker is not None:
+        pids["broker"] = stack.broker.process.pid()
+    return {name: pid for name, pid in pids.items() if pid is not None}
+
+
 def scale_out(
-    arguments: argparse.Namespace, url: str, bootstrap: str, conninfo: str, results: Results
+    arguments: argparse.Namespace, stack: LocalStack, url: str, conninfo: str, results: Results
 ) -> None:
     counts = [int(n) for n in arguments.relays.split(",") if n.strip()]
     figures = {
-        count: relays_drain(count, url, bootstrap, conninfo, arguments.events) for count in counts
+        count: relays_drain(count, stack, url, conninfo, arguments.events) for count in counts
     }
-    one = figures.get(1)
-    for count, rate in figures.items():
-        ratio = f"  ({rate / one:.2f}x one relay)" if one else ""
-        print(f"{count} relay process(es), shared : {rate:>9,.0f} events/s{ratio}")
+    one = figures[1][0] if 1 in figures else None
+    for count, (rate, cores) in figures.items():
+        ratio = f" ({rate / one:.2f}x one relay)" if one else ""
+        used = ", ".join(f"{name} {value:.2f}" for name, value in cores.items())
+        print(f"{count} relay process(es), shared : {rate:>9,.0f} events/s{ratio}; cores: {used}")
     results.figures["relays_events_per_second"] = {
-        str(count): round(rate, 1) for count, rate in figures.items()
+        str(count): round(rate, 1) for count, (rate, _) in figures.items()
     }
+    results.figures["relays_cores"] = {str(count): cores for count, (_, cores) in figures.items()}
 
 
 if __name__ == "__main__":
