@@ -53,15 +53,18 @@ def fresh_database(stack: LocalStack, name: str) -> str:
 
 
 def delete_topics(bootstrap: str, topics: list[str]) -> None:
-    """Delete the outbox topics a run made: left on the stack's broker, they would be read
-    by the next lake that ingests every outbox topic (``outbox demo``'s, say)."""
+    """Delete the outbox topics a run made (those of ``topics`` that exist): left on the
+    stack's broker, they would be read by the next lake that ingests every outbox topic
+    (``outbox demo``'s, say)."""
     from kafka.admin import KafkaAdminClient
 
     if not topics:
         return
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.delete_topics(topics)
+        existing = set(admin.list_topics())
+        if made := [topic for topic in topics if topic in existing]:
+            admin.delete_topics(made)
     finally:
         admin.close()
 

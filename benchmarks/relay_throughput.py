@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -244,6 +245,27 @@ def main() -> None:
 
 
 def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> None:
+    made: list[str] = []
+
+    def fresh_type(prefix: str) -> str:
+        made.append(f"{prefix}{uuid.uuid4().hex[:8]}")
+        return made[-1]
+
+    try:
+        measure(arguments, stack, results, fresh_type)
+    finally:
+        suffixes = ("", "-bare", "-alone")
+        delete_topics(
+            stack.bootstrap_servers, [topic_for(t + suffix) for t in made for suffix in suffixes]
+        )
+
+
+def measure(
+    arguments: argparse.Namespace,
+    stack: LocalStack,
+    results: Results,
+    fresh_type: Callable[[str], str],
+) -> None:
     cluster = stack.postgres
     url = fresh_database(stack, DATABASE)
     conninfo = cluster.conninfo(DATABASE)
@@ -257,7 +279,7 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> N
     )
     relay_figures, bare_figures, alone_figures = [], [], []
     for _ in range(arguments.rounds):
-        aggregate_type = f"b{uuid.uuid4().hex[:8]}"
+        aggregate_type = fresh_type("b")
         fill(conninfo, aggregate_type, arguments.events)
         records = records_of(conninfo, aggregate_type, "-bare")
         rows = relay_rows_of(url, aggregate_type, "-alone")
@@ -300,22 +322,20 @@ def run(arguments: argparse.Namespace, stack: LocalStack, results: Results) -> N
         bootstrap,
         settings,
         conninfo,
-        f"h{uuid.uuid4().hex[:8]}",
+        fresh_type("h"),
         arguments.events,
         held_open=True,
     )
     with psycopg.connect(conninfo, autocommit=True) as connection:
         connection.execute("VACUUM outbox.outbox")
-    after = relay_drain(
-        url, bootstrap, settings, conninfo, f"a{uuid.uuid4().hex[:8]}", arguments.events
-    )
+    after = relay_drain(url, bootstrap, settings, conninfo, fresh_type("a"), arguments.events)
     print(f"relay, transaction held open: {held:>9,.0f} events/s")
     print(f"relay, after it ended        : {after:>9,.0f} events/s")
     results.figures.update(
         relay_held_open_events_per_second=round(held, 1),
         relay_after_events_per_second=round(after, 1),
     )
-    scale_out(arguments, stack, url, conninfo, results)
+    scale_out(arguments, stack, url, conninfo, results, fresh_type)
     cluster.drop_database(DATABASE)
 
 
@@ -382,13 +402,12 @@ class RelayProcesses:
 
 
 def relays_drain(
-    count: int, stack: LocalStack, url: str, conninfo: str, events: int
+    count: int, stack: LocalStack, url: str, conninfo: str, events: int, aggregate_type: str
 ) -> tuple[float, dict[str, float]]:
     """Events/s of ``count`` relay processes draining ``events`` committed at once, warm:
     every relay holds its share of the slices and has published before the clock starts;
     and the cores each part used meanwhile (the relays together, PostgreSQL, the broker)."""
     bootstrap = stack.bootstrap_servers
-    aggregate_type = f"x{uuid.uuid4().hex[:8]}"
     relays = RelayProcesses(count, url, bootstrap)
     try:
         deadline = time.monotonic() + 120
@@ -412,7 +431,6 @@ def relays_drain(
         return rate, cores
     finally:
         relays.stop()
-        delete_topics(bootstrap, [topic_for(aggregate_type)])
 
 
 def _servers(stack: LocalStack) -> dict[str, int]:
@@ -424,11 +442,17 @@ def _servers(stack: LocalStack) -> dict[str, int]:
 
 
 def scale_out(
-    arguments: argparse.Namespace, stack: LocalStack, url: str, conninfo: str, results: Results
+    arguments: argparse.Namespace,
+    stack: LocalStack,
+    url: str,
+    conninfo: str,
+    results: Results,
+    fresh_type: Callable[[str], str],
 ) -> None:
     counts = [int(n) for n in arguments.relays.split(",") if n.strip()]
     figures = {
-        count: relays_drain(count, stack, url, conninfo, arguments.events) for count in counts
+        count: relays_drain(count, stack, url, conninfo, arguments.events, fresh_type("x"))
+        for count in counts
     }
     one = figures[1][0] if 1 in figures else None
     for count, (rate, cores) in figures.items():
