@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from outbox_relay.slices import SLICES
+
 if TYPE_CHECKING:
     from outbox.settings import KafkaSettings, OutboxSettings
     from outbox_connect.settings import ConnectorSettings
@@ -287,7 +289,18 @@ def relays_panel(views: list[RelayView]) -> Panel:
         summary = f"{len(leaders)} replicas share the slices ({shares})"
     else:
         summary = f"leader {leader.url}: {'publishing' if leader.publishing else 'standing by'}"
-    ready = all(view.ready for view in leaders)
+    held = sum(view.slices or 0 for view in leaders)
+    unheld = SLICES - held if all(view.slices is not None for view in leaders) else 0
+    if unheld > 0:
+        facts.append(
+            Fact(
+                "slices",
+                f"{unheld:.0f} of {SLICES} held by no replica listed here: their rows wait "
+                '(docs/operations.md, "Slices held by no relay")',
+                WARN,
+            )
+        )
+    ready = all(view.ready for view in leaders) and unheld <= 0
     return Panel("Relay", OK if ready else WARN, summary, facts, detail=views)
 
 

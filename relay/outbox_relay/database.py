@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -124,8 +125,12 @@ class RelayDatabase:
         self._held: frozenset[int] = frozenset()
         self._member: int | None = None
         self._whole = False
-        self.balance_seconds = balance_seconds
-        """How often a relay looks whether the shares changed (a relay joined or ended)."""
+        self.balance_seconds = min(balance_seconds, lease_seconds / 3)
+        """How often a relay looks whether the shares changed (a relay joined or ended), and
+        a standby renews its member lease: never less often than a third of the lease."""
+        self.free_slices = 0
+        """Slices no live relay held at the last look (a relay that joined or ended takes or
+        leaves them within seconds; lasting, they are rows nobody delivers)."""
         self.rebalance_wanted = False
         """Set by :meth:`renew_if_due`: the shares changed, :meth:`balance` between batches."""
         self._connection: psycopg.Connection[Any] | None = None
@@ -194,11 +199,15 @@ class RelayDatabase:
         """The slices whose rows this relay publishes (none: it stands by)."""
         return self._held
 
-    def join(self) -> None:
+    def join(self, *, whole: bool = False) -> None:
         """On a new session: the lease rows made if missing, a member lease taken (none
-        while :data:`MEMBERS` relays live: this one then stands by)."""
+        while :data:`MEMBERS` relays live: this one then stands by). ``whole``: this relay
+        works only with every slice (auto and cleanup modes follow CDC's one stream): it
+        takes all of them at once or none, and no member lease (it does not share, so the
+        relays that do must not count it)."""
         self._held = frozenset()
         self._member = None
+        self._whole = whole
         try:
             self.connection.execute(self.statements.lease_rows)
         except psycopg.errors.CheckViolation as error:
@@ -206,7 +215,8 @@ class RelayDatabase:
                 "the relay's lease table knows only one leader: this relay shares the work "
                 "in slices (outbox_0011). Run `outbox db upgrade`"
             ) from error
-        self._take_member()
+        if not whole:
+            self._take_member()
 
     def _lease_params(self, **more: object) -> dict[str, object]:
         return {"holder": self.holder, "key": self._marker, "seconds": self.lease_seconds, **more}
@@ -255,19 +265,27 @@ class RelayDatabase:
             self.rebalance_wanted = bool(self._shares(whole=self._whole))
 
     def _shares(self, *, whole: bool) -> Shares:
-        if self._member is None:
+        if self._member is None and not whole:
             self._take_member()
         row = self.connection.execute(self.statements.shares).fetchone()
         members, free = (row[0], int(row[1])) if row else ([], 0)
+        self.free_slices = free
         target = fair_share(members, self.holder) if self._member is not None else 0
         return plan(self._held, target, free, whole=whole)
 
-    def balance(self, *, whole: bool = False) -> bool:
+    def renew_while(self, sending: threading.Event) -> None:
+        """Renew the leases (and look at the shares) until ``sending`` is set: the database
+        thread's wait while a batch is sent, so that a slow broker (a send may take the
+        delivery timeout, longer than a lease) never lets them run out."""
+        step = min(1.0, self.lease_seconds / 6)
+        while not sending.wait(step):
+            self.renew_if_due()
+
+    def balance(self) -> bool:
         """Between batches (nothing in flight): hand back the slices above this relay's
-        fair share, take free ones up to it. ``whole``: this relay works only with every
-        slice (auto and cleanup modes follow CDC's one stream): it takes all of them at once
-        or none. True when the slices held changed (the read floor must start again)."""
-        self._whole = whole
+        fair share, take free ones up to it (all or none when it joined ``whole``). True
+        when the slices held changed (the read floor must start again)."""
+        whole = self._whole
         self.rebalance_wanted = False
         self._shares_due = time.monotonic() + self.balance_seconds
         self._renew()
@@ -291,6 +309,8 @@ class RelayDatabase:
             else:
                 held.update(self._take("slice", shares.take))
         changed = frozenset(held) != self._held
+        # The slices free now, as this relay left them (the next look counts them anew).
+        self.free_slices = max(0, self.free_slices + len(self._held) - len(held))
         self._held = frozenset(held)
         return changed
 

@@ -185,6 +185,12 @@ class RelayMetrics:
             'them: docs/operations.md, "Several relays").',
             registry=r,
         )
+        self.slices_free = Gauge(
+            "outbox_relay_slices_free",
+            "Slices no live replica held at this replica's last look: for seconds while a "
+            "replica joins or ends; lasting, their rows wait (alert on it).",
+            registry=r,
+        )
         self.rebalances = Counter(
             "outbox_relay_rebalances",
             "Times this replica's slices changed: a replica joined, ended or handed some back.",

@@ -56,11 +56,17 @@ class Sender:
         self._parking = Parking(settings.retry_backoff_seconds, settings.max_backoff_seconds)
         self._producer: ContractProducer | None = None
 
+    def open(self) -> None:
+        """Make the producer if there is none: it reaches the cluster, or raises (a broker
+        that does not answer, a login or an ACL refused)."""
+        if self._producer is None:
+            self._producer = ContractProducer(self._kafka, self._settings)
+
     def publish(self, rows: list[OutboxRow]) -> BatchOutcome:
         """Send ``rows`` and wait for the broker; a batch not acknowledged raises (retried)."""
         self._check_lease()
-        if self._producer is None:
-            self._producer = ContractProducer(self._kafka, self._settings)
+        self.open()
+        assert self._producer is not None
         started = time.monotonic()
         # A broker error or an unacknowledged batch ends the span with an error status, by
         # the error's type only: the failure's text may quote a record.

@@ -172,17 +172,21 @@ class Relay:
         if not self._checked:  # once: a broken assumption stops the relay (not retried)
             check_database(self._database.connection, self._tables, self.settings.mode)
             self._checked = True
-        self._database.join()
+        # A relay that cannot reach Kafka takes no slice: it would hold its share back until
+        # its first batch failed, again after every backoff.
+        self.liveness.state = "connecting to Kafka"
+        self._sender.open()
+        self._database.join(whole=self.settings.mode is not RelayMode.POLLING)
         self.liveness.ready = True
-        whole = self.settings.mode is not RelayMode.POLLING
         while not stop.is_set():
             self.liveness.beat()
-            changed = self._database.balance(whole=whole)
+            changed = self._database.balance()
+            self.metrics.slices_free.set(self._database.free_slices)
             if changed or self._leading != bool(self._database.slices):
                 self._take_slices()
             if not self._database.slices:
                 self.liveness.state = "standby: other replicas publish every slice"
-                if stop.wait(self.settings.leader_retry_seconds):
+                if stop.wait(self._database.balance_seconds):
                     return
                 continue
             if self.settings.mode is RelayMode.POLLING:
@@ -257,10 +261,12 @@ class Relay:
                     read, refused_while_read = following, frozenset()
                     continue
                 in_flight = [row.position for row in rows]
-                cycle = database.submit(self._database_cycle, acked, in_flight)
+                sending = threading.Event()
+                cycle = database.submit(self._database_cycle, acked, in_flight, sending)
                 try:
                     outcome = self._sender.publish(rows)
                 finally:
+                    sending.set()
                     following = cycle.result()  # never leave the database thread running alone
                 acked = _InFlight(rows, outcome, read.candidate)
                 self._backoff = self.settings.retry_backoff_seconds
@@ -268,12 +274,18 @@ class Relay:
             if acked is not None:  # stopping or rebalancing: the acknowledged batch leaves first
                 self._finish(acked)
 
-    def _database_cycle(self, acked: _InFlight | None, in_flight: Sequence[int]) -> _Read:
+    def _database_cycle(
+        self,
+        acked: _InFlight | None,
+        in_flight: Sequence[int],
+        sending: threading.Event | None = None,
+    ) -> _Read:
         """Finish the acknowledged batch, then read the next, leaving out the rows at the
-        positions ``in_flight`` (runs on the database thread)."""
-        self._database.renew_if_due()
-        if acked is not None:
+        positions ``in_flight`` (runs on the database thread); then, while the batch in
+        flight is being sent (until ``sending`` is set), keep the leases renewed."""
+        if acked is not None:  # first: deleting what the broker took needs no lease
             self._finish(acked)
+        self._database.renew_if_due()
         self._report_backlog()
         self._observe_horizon()
         limit = self.settings.batch_size
@@ -282,6 +294,8 @@ class Relay:
         candidate = self._horizon.candidate(
             [row.position for row in read], limit=limit, excluded=waiting.values()
         )
+        if sending is not None:
+            self._database.renew_while(sending)
         return _Read(read, candidate)
 
     def _finish(self, batch: _InFlight) -> None:
@@ -459,6 +473,7 @@ class Relay:
         self._backlog_due = now + _BACKLOG_EVERY_SECONDS
         backlog = self._database.backlog()
         self.metrics.undelivered.set(backlog.rows)
+        self.metrics.slices_free.set(self._database.free_slices)
         self.metrics.oldest_age.set(backlog.oldest_age_seconds)
         self.metrics.dead_letters.set(backlog.dead_letters)
         for table, rows in backlog.table_rows.items():

@@ -32,15 +32,26 @@ _ALIVE = (
     "alive AS MATERIALIZED (SELECT pid, (classid::bigint << 32) | objid::bigint AS marker "
     "FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1)"
 )
-"""The sessions' marker locks (:attr:`RelayStatements.session_marker`), read once a statement."""
+"""The sessions' marker locks (:attr:`RelayStatements.session_marker`), read once a statement:
+enough to count (:attr:`RelayStatements.shares`), not to take (see :func:`_live`)."""
 
 
-def _live(lease: str) -> str:
-    """The lease row ``lease`` is held: not expired, and its holder's session still runs."""
-    return (
-        f"({lease}.expires_at > clock_timestamp() AND EXISTS (SELECT 1 FROM alive a "
-        f"WHERE a.pid = {lease}.pid AND a.marker = {lease}.marker))"
-    )
+def _live(lease: str, *, now: bool = False) -> str:
+    """The lease row ``lease`` is held: not expired, and its holder's session still runs.
+
+    ``now``: the holder's marker lock looked up in ``pg_locks`` each time the row is
+    checked, for :attr:`RelayStatements.take`: a row another relay took while this statement
+    waited for its lock is checked again, against the locks as they are then (``alive``,
+    read once at the start, would not know that relay's session if it began meanwhile)."""
+    if now:
+        alive = (
+            "SELECT 1 FROM pg_catalog.pg_locks a WHERE a.locktype = 'advisory' AND a.granted "
+            f"AND a.objsubid = 1 AND a.pid = {lease}.pid "
+            f"AND ((a.classid::bigint << 32) | a.objid::bigint) = {lease}.marker"
+        )
+    else:
+        alive = f"SELECT 1 FROM alive a WHERE a.pid = {lease}.pid AND a.marker = {lease}.marker"
+    return f"({lease}.expires_at > clock_timestamp() AND EXISTS ({alive}))"
 
 
 _SKIP_WAITING = (
@@ -54,10 +65,12 @@ class RelayStatements:
 
     @property
     def session_marker(self) -> str:
-        """Take this session's marker lock (``%s``: a random bigint key, unknown to others).
+        """Take this session's marker lock (``%s``: a random bigint key).
 
         It proves the session alive to the other relays (``pg_locks``): when the session
-        ends, the lock goes, and its leases may be taken at once instead of waited out.
+        ends, the lock goes, and its leases may be taken at once instead of waited out. Any
+        role sees the key in ``pg_locks``, but a lease counts it only for its own backend's
+        pid: another session holding the same key proves nothing.
         """
         return "SELECT pg_try_advisory_lock(%s)"
 
@@ -81,18 +94,20 @@ class RelayStatements:
         ``%(holder)s``: this relay's id, ``%(key)s``: its session marker, ``%(seconds)s``:
         the lease's length. A lease is free when it expired or its holder's session ended
         (its marker lock is gone); none is while a relay of an earlier version leads (a live
-        ``leader`` row, outbox_0011). Rows another relay is taking are skipped, not waited
-        for. Only the relay role may write the lease table: no other role can take or
-        freeze the work.
+        ``leader`` row, outbox_0011). Rows another relay is taking are waited for, then
+        checked again (so two relays taking every slice at once do not each get half, give
+        them back and try again in step); every relay locks them in the same order.
+        Only the relay role may write the lease table: no other role can take or freeze the
+        work.
         """
         lease = self.tables.qualified_relay_lease
         return (
-            f"WITH {_ALIVE}, free AS (SELECT l.name FROM {lease} l "
-            "WHERE starts_with(l.name, %(kind)s || ' ') AND NOT " + _live("l") + " "
+            f"WITH free AS (SELECT l.name FROM {lease} l "
+            "WHERE starts_with(l.name, %(kind)s || ' ') AND NOT " + _live("l", now=True) + " "
             f"AND NOT EXISTS (SELECT 1 FROM {lease} o WHERE o.name = 'leader' AND "
-            + _live("o")
+            + _live("o", now=True)
             + ") ORDER BY split_part(l.name, ' ', 2)::int LIMIT %(count)s "
-            "FOR UPDATE OF l SKIP LOCKED) "
+            "FOR UPDATE OF l) "
             f"UPDATE {lease} l SET holder = %(holder)s::uuid, pid = pg_backend_pid(), "
             "marker = %(key)s, epoch = l.epoch + 1, "
             "expires_at = clock_timestamp() + %(seconds)s * interval '1 second' "
@@ -102,12 +117,16 @@ class RelayStatements:
     @property
     def renew(self) -> str:
         """Extend every lease this session holds (``%(holder)s``, ``%(key)s``, ``%(seconds)s``
-        as :attr:`take`); returns their names: one missing was taken by another relay."""
+        as :attr:`take`); returns their names: one missing was taken by another relay.
+
+        A lease that expired is extended too while it still names this session: nobody took
+        it meanwhile (a take writes its own holder, pid and marker), so nobody sent its
+        rows. One handed back (``-infinity``) is not."""
         return (
             f"UPDATE {self.tables.qualified_relay_lease} "
             "SET expires_at = clock_timestamp() + %(seconds)s * interval '1 second' "
             "WHERE holder = %(holder)s::uuid AND pid = pg_backend_pid() AND marker = %(key)s "
-            "AND name <> 'leader' AND expires_at > clock_timestamp() RETURNING name"
+            "AND name <> 'leader' AND expires_at > '-infinity' RETURNING name"
         )
 
     @property

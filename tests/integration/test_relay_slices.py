@@ -8,6 +8,7 @@ order, whichever relay sent them (relay/outbox_relay/slices.py).
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 import outbox_migrations
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
+from outbox_relay.service import Relay
 from outbox_relay.slices import SLICES
 from tests.fix_relay import RelayBench, RelayProcess, wait_until
 from tests.kafka_read import read_until
@@ -29,6 +31,10 @@ pytestmark = pytest.mark.timeout(420)
 
 AGGREGATES = 60
 BATCH = 300
+
+
+def sample(relay: Relay, name: str) -> float:
+    return relay.metrics.registry.get_sample_value(name) or 0.0
 
 
 def holding(relays: list[RelayProcess]) -> list[int]:
@@ -238,3 +244,59 @@ def test_no_slice_is_taken_while_a_relay_of_the_earlier_version_leads(
     wait_until(lambda: relay_bench.undelivered() == 0, timeout=30, what="the new relay leads")
     assert relay.metric("outbox_relay_slices") == SLICES
     assert relay.terminate() == 0
+
+
+def test_a_send_longer_than_the_lease_keeps_the_slices_and_sends_each_event_once(
+    relay_bench: RelayBench,
+) -> None:
+    """The broker frozen for three leases while a batch is in flight: the relay renews its
+    leases while it waits for the broker, so it neither loses its slices nor sends the
+    batch again once the broker answers."""
+    aggregate_type = f"s{uuid.uuid4().hex[:10]}"
+    broker = relay_bench.kafka.broker.process
+    with relay_bench.in_thread(lease_seconds=2.0, batch_size=500) as relay:
+        wait_until(lambda: sample(relay, "outbox_relay_slices") == SLICES, timeout=30, what="leads")
+        broker.signal(signal.SIGSTOP)
+        try:
+            with relay_bench.database.connect() as connection, connection.transaction():
+                Outbox().publish_many(
+                    connection,
+                    [
+                        Event(aggregate_type, str(n % 20), "Tick", {"n": n // 20})
+                        for n in range(1000)
+                    ],
+                )
+            time.sleep(6)  # the fault itself: three leases long, a batch waiting on the broker
+        finally:
+            broker.signal(signal.SIGCONT)
+        wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="outbox drained")
+        assert sample(relay, "outbox_relay_leases_lost_total") == 0
+        assert sample(relay, "outbox_relay_rebalances_total") == 1, "its slices never moved"
+    records = read_until(
+        relay_bench.kafka.bootstrap_servers,
+        topic_for(aggregate_type),
+        lambda r: len(r) >= 1000,
+        timeout=60,
+    )
+    assert check_order(records, 1000) == 0, "a batch was sent twice"
+
+
+def test_a_relay_that_needs_every_slice_is_not_counted_by_those_that_share(
+    relay_bench: RelayBench,
+) -> None:
+    """An auto-mode relay beside a polling one (a mode change under way, or a replica
+    configured apart): it stands by, and the polling relay keeps every slice instead of
+    leaving a share to a relay that would never take it."""
+    with relay_bench.in_thread() as polling:
+        wait_until(
+            lambda: sample(polling, "outbox_relay_slices") == SLICES, timeout=30, what="leads"
+        )
+        with relay_bench.in_thread(mode="auto") as auto:
+            wait_until(
+                lambda: auto.liveness.state.startswith("standby"), timeout=30, what="standby"
+            )
+            for _ in range(4):  # four of the polling relay's looks at the shares (0.5 s)
+                assert sample(polling, "outbox_relay_slices") == SLICES
+                assert sample(polling, "outbox_relay_slices_free") == 0
+                time.sleep(0.5)  # an absence over time, not a condition to await
+            assert sample(auto, "outbox_relay_slices") == 0

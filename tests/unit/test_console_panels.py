@@ -69,7 +69,12 @@ def test_replicas_that_share_the_slices_show_each_share() -> None:
         "leads 10 slices",
         "standby",
     ]
-    views[1] = RelayView("http://r1", True, False, "retrying", mode="polling", leader=True)
+    short = relays_panel(views[:2])
+    assert short.state == WARN
+    assert short.facts[-1].value.startswith("10 of 32 held by no replica listed here")
+    views[1] = RelayView(
+        "http://r1", True, False, "retrying", mode="polling", leader=True, slices=11
+    )
     assert relays_panel(views).state == WARN, "one that leads is not ready"
 
 

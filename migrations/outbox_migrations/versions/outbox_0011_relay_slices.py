@@ -13,7 +13,8 @@ The name check allows only these names from now on. It is ``NOT VALID``: a ``lea
 written by a relay of an earlier version stays, and relays of this version take no slice
 while it is live (that relay stops sending when its lease runs out: it can no longer renew
 it, its update fails the check). So a rolling upgrade never has two relays sending one
-aggregate. Downgrade removes the slices and members and restores the ``leader`` check.
+aggregate. Downgrade removes the slices and members and restores the ``leader`` check:
+stop the relays of this version first.
 
 Revision ID: outbox_0011
 Revises: outbox_0010
@@ -32,25 +33,40 @@ branch_labels = None
 depends_on = None
 
 NAMES = "name ~ '^(slice|member) (0|[1-9][0-9]?)$'"
+CONSTRAINT = "relay_lease_names"
 
 
-def _lease() -> tuple[str, str]:
-    tables = outbox_tables()
-    return tables.qualified_relay_lease, f'"{tables.relay_lease}_name_check"'
+def _drop_checks(lease: str) -> None:
+    """Drop the lease table's CHECK constraints, whatever PostgreSQL named them (an inline
+    check is named after the table, cut to 63 bytes: long outbox names cut it elsewhere)."""
+    op.execute(
+        f"""
+        DO $drop$
+        DECLARE
+            found text;
+        BEGIN
+            FOR found IN
+                SELECT conname FROM pg_catalog.pg_constraint
+                WHERE conrelid = '{lease}'::regclass AND contype = 'c'
+            LOOP
+                EXECUTE pg_catalog.format('ALTER TABLE {lease} DROP CONSTRAINT %I', found);
+            END LOOP;
+        END
+        $drop$
+        """
+    )
 
 
 def upgrade() -> None:
-    lease, check = _lease()
-    op.execute(
-        f"ALTER TABLE {lease} DROP CONSTRAINT IF EXISTS {check}, "
-        f"ADD CONSTRAINT {check} CHECK ({NAMES}) NOT VALID"
-    )
+    lease = outbox_tables().qualified_relay_lease
+    _drop_checks(lease)
+    op.execute(f'ALTER TABLE {lease} ADD CONSTRAINT "{CONSTRAINT}" CHECK ({NAMES}) NOT VALID')
 
 
 def downgrade() -> None:
-    lease, check = _lease()
+    """Stop every relay of this version first: their leases go, but a relay sends until
+    its next renewal, and one of the earlier version may lead meanwhile."""
+    lease = outbox_tables().qualified_relay_lease
     op.execute(f"DELETE FROM {lease} WHERE name <> 'leader'")
-    op.execute(
-        f"ALTER TABLE {lease} DROP CONSTRAINT IF EXISTS {check}, "
-        f"ADD CONSTRAINT {check} CHECK (name = 'leader')"
-    )
+    _drop_checks(lease)
+    op.execute(f"ALTER TABLE {lease} ADD CHECK (name = 'leader')")
