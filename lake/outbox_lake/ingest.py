@@ -197,6 +197,8 @@ class Ingest:
         started_over: frozenset[str],
     ) -> None:
         move_aside_earlier_checkpoint(self.settings)
+        for location in (self.settings.checkpoint, self.typed_checkpoint):
+            self._move_aside_if_incomplete(location)
         progress = earlier_progress(self.settings, lambda: list(guard.metadata.partitions()))
         decided, broker = guard.at_start(progress)
         if isinstance(decided, Refuse):
@@ -415,6 +417,28 @@ class Ingest:
         if not self.settings.is_local:
             return False  # Spark decides; the option is ignored when one exists
         return (Path(location) / "offsets").is_dir()
+
+    def _move_aside_if_incomplete(self, location: str) -> None:
+        """A checkpoint without its ``metadata`` file but with offsets or commits, as a
+        deletion under the running job leaves it (the job wrote on while the folder went):
+        Spark refuses to start from it. Moved aside (kept for inspection), as if deleted,
+        which is safe (docs/operations.md, "The lake job"): the query starts where the
+        lake's tables stand. A store other than a folder: Spark's error says what to do."""
+        if not self.settings.is_local:
+            return
+        folder = Path(location)
+        if (folder / "metadata").exists():
+            return
+        if not any((folder / part).is_dir() for part in ("offsets", "commits", "sources")):
+            return
+        aside = folder.with_name(f"{folder.name}.incomplete-{int(time.time())}")
+        shutil.move(str(folder), str(aside))
+        log.warning(
+            "the checkpoint %s has no metadata file (deleted in part, under the running "
+            "job?): moved to %s; the query starts where the lake's tables stand",
+            folder,
+            aside,
+        )
 
     def _move_checkpoint_aside(self, why: str) -> None:
         """The Kafka query's checkpoint holds offsets of a log that is gone: moved aside
