@@ -216,4 +216,7 @@ def test_an_idle_relay_consumes_no_transaction_ids_and_reports_table_sizes(
             timeout=10,
             what="table sizes reported",
         )
-    assert used <= 3, f"an idle relay consumed {used} transaction ids in 2 s"
+    # Transaction ids are the cluster's: this worker's other databases use some meanwhile (a
+    # CDC connector's heartbeat every second, autovacuum's analyze), and the relay renews its
+    # leases every third of the lease (one id each). An id per idle cycle would be ~100.
+    assert used <= 10, f"an idle relay consumed {used} transaction ids in 2 s"
