@@ -33,7 +33,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +54,7 @@ from outbox import Event, Outbox, OutboxSettings
 from outbox.core.contract import record_for, topic_for
 from outbox_relay.collector import collect_young_rarely
 from outbox_relay.database import OutboxRow, RelayDatabase
+from outbox_relay.probe import scrape
 from outbox_relay.producer import ContractProducer
 from outbox_relay.service import Relay
 from outbox_relay.settings import RelaySettings
@@ -365,16 +365,11 @@ class RelayProcesses:
         """One metric of each relay (0 from one that does not answer yet)."""
         values = []
         for port in self.ports:
-            value = 0.0
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                    text = r.read().decode()
+                samples = scrape(f"http://127.0.0.1:{port}", timeout_seconds=2)
             except OSError:
-                text = ""
-            for line in text.splitlines():
-                if line.startswith(name + " "):
-                    value = float(line.rsplit(" ", 1)[1])
-            values.append(value)
+                samples = []
+            values.append(next((s.value for s in samples if s.name == name), 0.0))
         return values
 
     def metric(self, name: str) -> float:
