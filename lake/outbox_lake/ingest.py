@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -44,7 +43,7 @@ from outbox_lake.progress import LakeProgress
 from outbox_lake.session import FRESHNESS_POOL, TYPED_POOL
 from outbox_lake.settings import LakeSettings
 from outbox_lake.spark_contract import RAW_FIELDS, read_contract
-from outbox_lake.storage import check_access, has_folder, open_table
+from outbox_lake.storage import check_access, has_folder, move_aside, open_table
 from outbox_lake.tables import EVENTS_TABLE
 from outbox_lake.typed import TypedSink, typed_through
 from outbox_lake.upgrade import earlier_progress, move_aside_earlier_checkpoint
@@ -431,8 +430,7 @@ class Ingest:
             return
         if not any((folder / part).is_dir() for part in ("offsets", "commits", "sources")):
             return
-        aside = folder.with_name(f"{folder.name}.incomplete-{int(time.time())}")
-        shutil.move(str(folder), str(aside))
+        aside = move_aside(folder, "incomplete")
         log.warning(
             "the checkpoint %s has no metadata file (deleted in part, under the running "
             "job?): moved to %s; the query starts where the lake's tables stand",
@@ -452,8 +450,7 @@ class Ingest:
             return
         folder = Path(self.settings.checkpoint)
         if folder.exists():
-            aside = folder.with_name(f"{folder.name}.replaced-{int(time.time())}")
-            shutil.move(str(folder), str(aside))
+            aside = move_aside(folder, "replaced")
             log.warning("%s: the checkpoint %s was moved to %s", why, folder, aside)
 
 

@@ -19,6 +19,8 @@ setting to check (:func:`storage_error`).
 from __future__ import annotations
 
 import re
+import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,11 +35,20 @@ __all__ = [
     "hadoop_conf",
     "has_folder",
     "is_table",
+    "move_aside",
     "open_table",
     "storage_error",
     "storage_options",
     "table_names",
 ]
+
+
+def move_aside(folder: Path, label: str) -> Path:
+    """Rename a local ``folder`` (a checkpoint the job will not start from) to
+    ``<folder>.<label>-<unix time>`` beside it, kept for inspection; the new name."""
+    aside = folder.with_name(f"{folder.name}.{label}-{int(time.time())}")
+    shutil.move(str(folder), str(aside))
+    return aside
 
 
 def storage_options(settings: LakeSettings) -> dict[str, str]:

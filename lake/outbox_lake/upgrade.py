@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +27,7 @@ from typing import TYPE_CHECKING
 from outbox_lake.offsets import Partition, Progress
 from outbox_lake.progress import LakeProgress, latest_progress
 from outbox_lake.settings import LakeSettings
-from outbox_lake.storage import open_table
+from outbox_lake.storage import move_aside, open_table
 from outbox_lake.tables import EVENTS, PROGRESS
 
 if TYPE_CHECKING:
@@ -123,8 +121,7 @@ def move_aside_earlier_checkpoint(settings: LakeSettings) -> None:
             _ids_from_checkpoint.update(ids)
         except (ValueError, IndexError, AttributeError):
             pass
-    aside = folder.with_name(f"{folder.name}.python-source-{int(time.time())}")
-    shutil.move(str(folder), str(aside))
+    aside = move_aside(folder, "python-source")
     log.warning(
         "the checkpoint %s was written by an earlier release's Kafka source: moved to %s; "
         "the job starts where the lake's tables stand",
