@@ -262,16 +262,17 @@ class RelayDatabase:
             self._renew()
         if now >= self._shares_due and not self.rebalance_wanted:
             self._shares_due = now + self.balance_seconds
-            self.rebalance_wanted = bool(self._shares(whole=self._whole))
+            self.rebalance_wanted = bool(self._shares())
 
-    def _shares(self, *, whole: bool) -> Shares:
-        if self._member is None and not whole:
+    def _shares(self) -> Shares:
+        """What to release or take, from the live members and the free slices now."""
+        if self._member is None and not self._whole:
             self._take_member()
         row = self.connection.execute(self.statements.shares).fetchone()
         members, free = (row[0], int(row[1])) if row else ([], 0)
         self.free_slices = free
         target = fair_share(members, self.holder) if self._member is not None else 0
-        return plan(self._held, target, free, whole=whole)
+        return plan(self._held, target, free, whole=self._whole)
 
     def renew_while(self, sending: threading.Event) -> None:
         """Renew the leases (and look at the shares) until ``sending`` is set: the database
@@ -285,11 +286,10 @@ class RelayDatabase:
         """Between batches (nothing in flight): hand back the slices above this relay's
         fair share, take free ones up to it (all or none when it joined ``whole``). True
         when the slices held changed (the read floor must start again)."""
-        whole = self._whole
         self.rebalance_wanted = False
         self._shares_due = time.monotonic() + self.balance_seconds
         self._renew()
-        shares = self._shares(whole=whole)
+        shares = self._shares()
         if not shares:
             return False
         held = set(self._held)
@@ -300,7 +300,7 @@ class RelayDatabase:
             )
             held.difference_update(shares.release)
         if shares.take:
-            if whole:
+            if self._whole:
                 with contextlib.suppress(_Partial), self.connection.transaction():
                     taken = self._take("slice", shares.take)
                     if len(held) + len(taken) < SLICES:
