@@ -38,6 +38,11 @@ FAST = {
 }
 
 
+def sample(relay: Relay, name: str, **labels: str) -> float:
+    """One sample of a relay's metrics in this process (0 when it has none yet)."""
+    return relay.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

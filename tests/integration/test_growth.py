@@ -12,18 +12,13 @@ import sqlalchemy as sa
 import outbox_migrations
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
-from outbox_relay.service import Relay
 from tests.cli import run_outbox
 from tests.fix_cdc import cdc_path_for
 from tests.fix_postgres import ScratchDatabase
-from tests.fix_relay import RelayBench, wait_until
+from tests.fix_relay import RelayBench, sample, wait_until
 from tests.kafka_read import read_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def sample(relay: Relay, name: str, **labels: str) -> float:
-    return relay.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def test_cleanup_mode_bounds_a_cdc_only_outbox(relay_bench: RelayBench) -> None:

@@ -32,7 +32,7 @@ from outbox.core.errors import ShortReadError
 from outbox.core.kafka_record import KafkaRecord
 from outbox.kafka_reading import KafkaReader, ReaderRole
 from tests.fix_cdc import cdc_path_for
-from tests.fix_relay import RelayBench, wait_until
+from tests.fix_relay import RelayBench, sample, wait_until
 from tests.fix_stack import KafkaServices
 from tests.kafka_read import read_until
 from tests.kafka_wire import contract_record, craft_bad_record, own_topic, send
@@ -132,10 +132,6 @@ def test_the_idempotent_consumer_dead_letters_it_with_its_offset_and_goes_on(
     assert "\\\\xff\\\\xfe-trace" in headers  # the name kept, escaped
 
 
-def sample(relay: Any, name: str, labels: dict[str, str] | None = None) -> float:
-    return relay.metrics.registry.get_sample_value(name, labels or {}) or 0.0
-
-
 def test_the_relays_cdc_watch_keeps_confirming_past_it(relay_bench: RelayBench) -> None:
     """Auto mode, CDC delivering: the crafted record sits first in the topic CDC writes to.
     Before, the watch raised on it at every poll (a "broker error" for ever): nothing was
@@ -164,7 +160,7 @@ def test_the_relays_cdc_watch_keeps_confirming_past_it(relay_bench: RelayBench) 
             assert sample(relay, "outbox_relay_cdc_confirmed_total") >= 20
             assert sample(relay, "outbox_relay_cdc_undecodable_records_total") >= 1
             assert sample(relay, "outbox_relay_takeovers_total") == 0
-            assert sample(relay, "outbox_relay_errors_total", {"kind": "broker"}) == 0
+            assert sample(relay, "outbox_relay_errors_total", kind="broker") == 0
 
 
 def test_the_chaos_check_reports_it_and_reads_the_rest(crafted: Crafted) -> None:

@@ -17,9 +17,8 @@ import sqlalchemy as sa
 import outbox_migrations
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
-from outbox_relay.service import Relay
 from tests.cli import run_outbox
-from tests.fix_relay import RelayBench, wait_until
+from tests.fix_relay import RelayBench, sample, wait_until
 from tests.kafka_read import read_until
 
 
@@ -38,10 +37,6 @@ def write(
 
 def ids_of(records: list[Any]) -> list[uuid.UUID]:
     return [event_id_of(record.headers) for record in records]
-
-
-def sample(relay: Relay, name: str) -> float:
-    return relay.metrics.registry.get_sample_value(name) or 0.0
 
 
 def first_occurrences(records: list[Any]) -> list[Any]:

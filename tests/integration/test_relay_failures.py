@@ -24,9 +24,8 @@ from kafka.future import Future
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
 from outbox_relay.producer import ContractProducer
-from outbox_relay.service import Relay
 from outbox_relay.settings import RelaySettings
-from tests.fix_relay import RelayBench, wait_until
+from tests.fix_relay import RelayBench, sample, wait_until
 from tests.kafka_read import read_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -67,10 +66,6 @@ class RefusingBroker:
         return Refusing
 
 
-def sample(relay: Relay, name: str, labels: dict[str, str] | None = None) -> float:
-    return relay.metrics.registry.get_sample_value(name, labels or {}) or 0.0
-
-
 def ids(records: list[Any]) -> list[uuid.UUID]:
     return [event_id_of(record.headers) for record in records]
 
@@ -101,7 +96,7 @@ def test_transient_refusals_wait_in_order_while_other_aggregates_flow(
         assert sample(relay, "outbox_relay_dead_lettered_total") == 0
         assert relay_bench.undelivered() == 30, "only the refused aggregate's rows wait"
         for error in TRANSIENT:
-            assert sample(relay, "outbox_relay_retried_total", {"error": error.__name__}) > 0
+            assert sample(relay, "outbox_relay_retried_total", error=error.__name__) > 0
         assert sample(relay, "outbox_relay_parked_aggregates") >= 1
         broker.refusing = False  # the ACL appears, the producer state is fresh again
         wait_until(lambda: relay_bench.undelivered() == 0, timeout=60, what="the rest delivered")

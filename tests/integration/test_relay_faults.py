@@ -17,15 +17,11 @@ import pytest
 from outbox.core.contract import event_id_of, topic_for
 from outbox_relay.service import Relay
 from tests.fix_cdc import cdc_path_for
-from tests.fix_relay import RelayBench, wait_until
+from tests.fix_relay import RelayBench, sample, wait_until
 from tests.kafka_read import read_until
 from tests.writers import Writer
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def sample(relay: Relay, name: str) -> float:
-    return relay.metrics.registry.get_sample_value(name) or 0.0
 
 
 def check_delivery(bench: RelayBench, writer: Writer, *, copies: str = "first") -> list[Any]:

@@ -27,7 +27,7 @@ from outbox_stack.broker import KafkaBroker
 from outbox_stack.settings import StackSettings
 from tests.fix_postgres import ROOT, free_port
 from tests.fix_proxy import TcpProxy
-from tests.fix_relay import RelayBench, wait_until
+from tests.fix_relay import RelayBench, sample, wait_until
 from tests.integration.test_relay_faults import check_delivery
 from tests.kafka_read import read_until
 from tests.writers import Writer
@@ -36,10 +36,6 @@ pytestmark = pytest.mark.timeout(240)
 
 LEASE_SECONDS = 4.0
 RETRY_SECONDS = 0.5
-
-
-def sample(relay: Relay, name: str, **labels: str) -> float:
-    return relay.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def test_a_relay_cut_off_loses_its_slices_within_the_lease_and_shares_again_after(

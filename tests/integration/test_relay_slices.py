@@ -22,19 +22,14 @@ import sqlalchemy as sa
 import outbox_migrations
 from outbox import Event, Outbox
 from outbox.core.contract import event_id_of, topic_for
-from outbox_relay.service import Relay
 from outbox_relay.slices import SLICES
-from tests.fix_relay import RelayBench, RelayProcess, wait_until
+from tests.fix_relay import RelayBench, RelayProcess, sample, wait_until
 from tests.kafka_read import read_until
 
 pytestmark = pytest.mark.timeout(420)
 
 AGGREGATES = 60
 BATCH = 300
-
-
-def sample(relay: Relay, name: str) -> float:
-    return relay.metrics.registry.get_sample_value(name) or 0.0
 
 
 def holding(relays: list[RelayProcess]) -> list[int]:
